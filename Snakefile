@@ -1,0 +1,16 @@
+# mlrepro: implementation -> container -> dataset -> checkpoint -> seed runs -> scores -> report.
+# Rules live in workflow/rules/, one file per stage; common.smk loads and validates the config.
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/container.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/checkpoint.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/score.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

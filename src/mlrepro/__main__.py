@@ -1,0 +1,3 @@
+from mlrepro.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""mlrepro: reproduce MLPerf-style LLM training results end to end.
+
+Each module listed in COMMANDS exposes `add_arguments(parser)` and `run(args) -> int`;
+it is imported only when its subcommand is used, so `mlrepro --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "score": ("mlrepro.scoring", "score MLPerf logs (files or folders) as MLCommons would"),
+    "status": ("mlrepro.status", "show each seed's state for a results/<benchmark> folder"),
+    "cluster": ("mlrepro.cluster", "start, stop or show a local Slurm cluster on this machine"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlrepro", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in argv if a in COMMANDS), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,220 @@
+"""Load and validate the workflow's configuration.
+
+config/config.yaml picks the benchmarks and the system; each benchmark is described by
+config/benchmarks/<name>.yaml and each system by config/systems/<name>.yaml. All three are
+validated against workflow/schemas/*.schema.yaml before anything is scheduled, and an error
+names the file and the key, so a typo never turns into a half-submitted run.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "workflow" / "schemas"
+
+
+class ConfigError(ValueError):
+    """A configuration file is invalid; the message names the file and the key."""
+
+
+@functools.cache
+def _schema(name: str) -> dict:
+    return yaml.safe_load((SCHEMA_DIR / f"{name}.schema.yaml").read_text())
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    return path.lstrip(".") or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        where = _key_path(error)
+        keys = ", ".join(f"'{k}'" for k in extra)
+        prefix = "" if where == "(top level)" else f"{where}: "
+        return f"{prefix}unknown key {keys} (allowed: {', '.join(allowed)})"
+    return f"{_key_path(error)}: {error.message}"
+
+
+def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
+    """Insert `default` values of the schema's object properties into `instance`, in place."""
+    if "$ref" in schema:
+        ref = schema["$ref"].removeprefix("#/")
+        target = root
+        for part in ref.split("/"):
+            target = target[part]
+        schema = target
+    if not isinstance(instance, dict):
+        return
+    for key, sub in schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _fill_defaults(instance[key], sub, root)
+
+
+def validate(data: Any, schema_name: str, source: str) -> dict:
+    """Validate `data` against workflow/schemas/<schema_name>.schema.yaml; return it with defaults filled."""
+    schema = _schema(schema_name)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        lines = "\n".join(f"  - {_describe(e)}" for e in errors)
+        raise ConfigError(f"{source} is invalid:\n{lines}")
+    data = copy.deepcopy(data)
+    _fill_defaults(data, schema, schema)
+    return data
+
+
+def load_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    scheduler: str
+    nodes: int
+    gpus_per_node: int
+    device: str = "cpu"
+    partition: str | None = None
+    account: str | None = None
+    exclude_nodes: tuple[str, ...] = ()
+    container_runtime: str = "none"
+    implementation_configs: dict = field(default_factory=dict)
+    slurm_status_command: str = "sacct"
+    slurm_poll_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    implementation_dir: Path
+    implementation_git: dict | None
+    mlperf_benchmark: str | None
+    ruleset: str | None
+    required_runs: int
+    seeds: tuple[int, ...]
+    target: dict
+    retries: int
+    not_converged: str
+    dataset: dict | None
+    checkpoint: dict | None
+    env: dict
+    source: Path
+
+    def scoring_rules(self):
+        """The scoring rules of this benchmark (see mlrepro.scoring)."""
+        from mlrepro import scoring
+
+        return scoring.rules_for(
+            self.mlperf_benchmark or self.name,
+            ruleset=self.ruleset,
+            required_runs=self.required_runs,
+            target=self.target,
+        )
+
+
+@dataclass(frozen=True)
+class Settings:
+    root: Path
+    benchmarks: dict[str, Benchmark]
+    system: System
+    submitter: str
+
+    def benchmark(self, name: str) -> Benchmark:
+        try:
+            return self.benchmarks[name]
+        except KeyError:
+            raise ConfigError(
+                f"benchmark '{name}' is not configured (config benchmarks: {', '.join(self.benchmarks)})"
+            ) from None
+
+
+def load_benchmark(root: Path, name: str) -> Benchmark:
+    path = root / "config" / "benchmarks" / f"{name}.yaml"
+    rel = path.relative_to(root) if path.is_relative_to(root) else path
+    data = validate(load_yaml(path), "benchmark", str(rel))
+    if data["name"] != name:
+        raise ConfigError(f"{rel}: name: '{data['name']}' does not match the file name '{name}'")
+    impl = data["implementation"]
+    if "path" in impl:
+        impl_dir = Path(impl["path"])
+        impl_dir = impl_dir if impl_dir.is_absolute() else root / impl_dir
+        if not impl_dir.is_dir():
+            raise ConfigError(f"{rel}: implementation.path: folder '{impl['path']}' does not exist")
+        git = None
+    else:
+        git = impl["git"]
+        impl_dir = root / "resources" / name / "implementation"
+    seeds = tuple(data.get("seeds") or range(1, data["required_runs"] + 1))
+    if len(seeds) < data["required_runs"]:
+        raise ConfigError(
+            f"{rel}: seeds: {len(seeds)} seeds given but required_runs is {data['required_runs']}"
+        )
+    return Benchmark(
+        name=name,
+        implementation_dir=impl_dir,
+        implementation_git=git,
+        mlperf_benchmark=data["mlperf_benchmark"],
+        ruleset=data["ruleset"],
+        required_runs=data["required_runs"],
+        seeds=seeds,
+        target=data["target"],
+        retries=data["retries"],
+        not_converged=data["not_converged"],
+        dataset=data.get("dataset"),
+        checkpoint=data.get("checkpoint"),
+        env={k: str(v) for k, v in data["env"].items()},
+        source=path,
+    )
+
+
+def load_system(root: Path, name: str) -> System:
+    path = root / "config" / "systems" / f"{name}.yaml"
+    rel = path.relative_to(root) if path.is_relative_to(root) else path
+    if not path.is_file():
+        known = sorted(p.stem for p in (root / "config" / "systems").glob("*.yaml"))
+        raise ConfigError(f"system '{name}': {rel} not found (known systems: {', '.join(known)})")
+    data = validate(load_yaml(path), "system", str(rel))
+    slurm = data["slurm"]
+    return System(
+        name=data["name"],
+        scheduler=data["scheduler"],
+        nodes=data["nodes"],
+        gpus_per_node=data["gpus_per_node"],
+        device=data["device"],
+        partition=data["partition"],
+        account=data["account"],
+        exclude_nodes=tuple(data["exclude_nodes"]),
+        container_runtime=data["container_runtime"],
+        implementation_configs=dict(data["implementation_configs"]),
+        slurm_status_command=slurm.get("status_command", "sacct"),
+        slurm_poll_seconds=float(slurm.get("poll_seconds", 30)),
+    )
+
+
+def load(config: dict, root: str | Path) -> Settings:
+    """Validate the workflow config (config.yaml plus --config overrides) and everything it names."""
+    root = Path(root).resolve()
+    data = validate(config, "config", "config/config.yaml (with --config overrides)")
+    system = load_system(root, data["system"])
+    overrides = {k: data[k] for k in ("partition", "account") if data.get(k)}
+    if overrides:
+        system = System(**{**system.__dict__, **overrides})
+    benchmarks = {name: load_benchmark(root, name) for name in data["benchmarks"]}
+    return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"])

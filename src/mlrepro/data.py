@@ -1,0 +1,926 @@
+"""Getting a benchmark's dataset and checkpoint onto disk, and proving they are right.
+
+The pieces, in the order a data stage uses them:
+
+- `require_token` / `check_free_space`: fail before anything is fetched when the
+  source needs a token that is not set, or the filesystem cannot hold the data.
+- `http_download`: one file over HTTP(S), resumable (also across restarts),
+  retried on 429/5xx/dropped connections, verified by size and sha256, renamed
+  into place only when complete.
+- `hub_download`: a Hugging Face Hub repository through huggingface_hub.
+- `run_download_script`: an implementation's own scripts/download_*.py, run on
+  the host or inside its container, with secrets kept out of its log.
+- `read_expected_mounts` / `verify_mounts`: NVIDIA's expected-mounts.csv, checked
+  against what is on disk (files present, file counts, byte totals).
+- `write_manifest`: what was fetched (paths, sizes, sha256), written atomically.
+- `LLAMA2_70B_LORA_DATA`, `LLAMA31_405B_*`: the documented sources of each
+  benchmark's data as plain data, for config and rules.
+
+Secrets: a token reaches the server only in an `Authorization` header or a
+child's environment. Every message this module raises or logs, and every log it
+writes, has the token value replaced by `***`.
+"""
+
+from __future__ import annotations
+
+import csv
+import email.utils
+import http.client
+import logging
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from mlrepro.fsutil import atomic_write_json, file_manifest, sha256_file
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+REDACTED = "***"
+
+
+class DataError(RuntimeError):
+    """A data or checkpoint step cannot go on; the message says why and what to do."""
+
+
+class MissingTokenError(DataError):
+    pass
+
+
+class DownloadError(DataError):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# secrets
+# ---------------------------------------------------------------------------
+
+# Environment variables whose values are treated as secrets in logs.
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY)", re.IGNORECASE)
+# Shorter values would redact ordinary words and digits all over a log.
+_MIN_SECRET_LEN = 6
+
+
+def redact(text: str, secrets: Iterable[str | None]) -> str:
+    """`text` with every secret value replaced by `***`."""
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def secret_values(env: Mapping[str, str]) -> list[str]:
+    """Values of the variables in `env` whose names mark them as secrets."""
+    return [v for k, v in env.items() if _SECRET_NAME.search(k) and v and len(v) >= _MIN_SECRET_LEN]
+
+
+def _safe_url(url: str) -> str:
+    """The URL without query string or user info: signed URLs carry credentials there."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def require_token(env: str = "HF_TOKEN", *, purpose: str | None = None,
+                  environ: Mapping[str, str] | None = None) -> str:
+    """The token in environment variable `env`; a clear error if it is unset or empty.
+
+    Call it before any download starts, so a missing token costs nothing.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get(env, "").strip()
+    if not value:
+        why = f" to {purpose}" if purpose else ""
+        raise MissingTokenError(
+            f"environment variable {env} is not set, and a token is needed{why}. "
+            f"Export {env}=<your token> (for Hugging Face: https://huggingface.co/settings/tokens, "
+            f"with access granted to the gated repository) and run again. "
+            f"The token is passed only through the environment; it is never written to a log or file."
+        )
+    return value
+
+
+# ---------------------------------------------------------------------------
+# free space
+# ---------------------------------------------------------------------------
+
+def _existing_ancestor(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_free_space(path: str | os.PathLike, needed_bytes: int) -> int:
+    """Raise DataError unless the filesystem holding `path` has `needed_bytes` free.
+
+    `path` need not exist yet (its nearest existing parent is measured).
+    Returns the free bytes.
+    """
+    if needed_bytes < 0:
+        raise ValueError(f"needed_bytes must be >= 0, got {needed_bytes}")
+    where = _existing_ancestor(Path(path))
+    free = shutil.disk_usage(where).free
+    if free < needed_bytes:
+        raise DataError(
+            f"not enough free disk space for {path}: need {needed_bytes / GIB:,.1f} GiB, "
+            f"only {free / GIB:,.1f} GiB free on the filesystem of {where}. "
+            f"Free some space or point the data directory at a larger filesystem."
+        )
+    return free
+
+
+# ---------------------------------------------------------------------------
+# HTTP download
+# ---------------------------------------------------------------------------
+
+_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+_CONNECTION_ERRORS = (
+    ConnectionError,            # includes ConnectionResetError, BrokenPipeError
+    http.client.IncompleteRead,
+    http.client.RemoteDisconnected,
+    socket.timeout,
+    TimeoutError,
+)
+
+
+class _Interrupted(Exception):
+    """A transfer stopped early; retried without counting as a failure if it made progress."""
+
+
+class _RetryLater(Exception):
+    def __init__(self, reason: str, wait: float | None):
+        super().__init__(reason)
+        self.wait = wait
+
+
+class _StripAuthOnHostChange(urllib.request.HTTPRedirectHandler):
+    # urllib carries every header across redirects, so a bearer token would
+    # follow a redirect to a CDN or any other host. Keep it for the same host only.
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
+            for name in list(new.headers):
+                if name.lower() == "authorization":
+                    del new.headers[name]
+        return new
+
+
+_opener = urllib.request.build_opener(_StripAuthOnHostChange)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _part_path(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".part")
+
+
+def _verify_file(path: Path, expected_size: int | None, sha256: str | None) -> str | None:
+    """None if `path` matches; otherwise what is wrong."""
+    size = path.stat().st_size
+    if expected_size is not None and size != expected_size:
+        return f"size {size:,} bytes, expected {expected_size:,}"
+    if sha256 is not None:
+        actual = sha256_file(path)
+        if actual.lower() != sha256.lower():
+            return f"sha256 {actual}, expected {sha256.lower()}"
+    return None
+
+
+def http_download(
+    url: str,
+    dest: str | os.PathLike,
+    *,
+    expected_size: int | None = None,
+    sha256: str | None = None,
+    token: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    retries: int = 5,
+    backoff: float = 2.0,
+    max_wait: float = 300.0,
+    timeout: float = 60.0,
+    chunk_size: int = 1 << 20,
+) -> Path:
+    """Download `url` to `dest`; resumable, retried, verified, atomic.
+
+    Bytes go to `dest.part`; an interrupted transfer (this call or an earlier
+    process) continues from there with `Range: bytes=N-`. 429, 5xx and dropped
+    connections are retried up to `retries` times without progress, waiting
+    Retry-After when the server gives one and `backoff * 2**k` seconds otherwise
+    (at most `max_wait`). When the bytes are all there the size and sha256 are
+    checked; a mismatch removes the partial file and raises DownloadError, so
+    `dest` exists only when it is right. `token`, if given, is sent as
+    `Authorization: Bearer ...` (dropped on redirects to another host) and is
+    never part of any message.
+    """
+    dest = Path(dest)
+    part = _part_path(dest)
+    secrets = [token]
+    shown = _safe_url(url)
+
+    def fail(message: str) -> DownloadError:
+        return DownloadError(redact(message, secrets))
+
+    if dest.exists():
+        problem = _verify_file(dest, expected_size, sha256)
+        if problem is None:
+            return dest
+        log.warning("%s exists but is wrong (%s); downloading it again", dest, problem)
+        dest.unlink()
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    failures = 0
+    best = part.stat().st_size if part.exists() else 0
+    while True:
+        try:
+            _transfer(url, part, expected_size=expected_size, token=token, headers=headers,
+                      timeout=timeout, chunk_size=chunk_size)
+            break
+        except _Interrupted as exc:
+            have = part.stat().st_size if part.exists() else 0
+            if have > best:
+                # The connection broke mid-body after making progress: resume
+                # at once; only transfers that gain nothing count as failures.
+                best = have
+                log.info("%s", redact(f"download of {shown} interrupted ({exc}); resuming", secrets))
+                continue
+            failures += 1
+            if failures > retries:
+                raise fail(f"download of {shown} failed after {retries} retries: {exc}") from None
+            time.sleep(min(backoff * 2 ** (failures - 1), max_wait))
+        except _RetryLater as exc:
+            failures += 1
+            if failures > retries:
+                raise fail(f"download of {shown} failed after {retries} retries: {exc}") from None
+            wait = exc.wait if exc.wait is not None else backoff * 2 ** (failures - 1)
+            wait = min(wait, max_wait)
+            log.warning("%s", redact(f"download of {shown}: {exc}; retry {failures}/{retries} in {wait:.1f} s", secrets))
+            time.sleep(wait)
+        except DownloadError as exc:
+            raise fail(str(exc)) from None
+
+    problem = _verify_file(part, expected_size, sha256)
+    if problem is not None:
+        # A wrong file must not be resumed from either: start clean next time.
+        part.unlink()
+        raise fail(f"download of {shown} is corrupt: {problem}; the partial file was removed")
+    with open(part, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(part, dest)
+    return dest
+
+
+def _transfer(url: str, part: Path, *, expected_size: int | None, token: str | None,
+              headers: Mapping[str, str] | None, timeout: float, chunk_size: int) -> None:
+    """One request: append to `part` until the body ends. Raises _Interrupted / _RetryLater / DownloadError."""
+    shown = _safe_url(url)
+    offset = part.stat().st_size if part.exists() else 0
+    if expected_size is not None and offset > expected_size:
+        # Longer than the file can be: it is not a prefix of it.
+        part.unlink()
+        offset = 0
+    if expected_size is not None and offset == expected_size and offset > 0:
+        return
+
+    req = urllib.request.Request(url, method="GET")
+    req.add_header("User-Agent", "mlrepro-data/1")
+    req.add_header("Accept-Encoding", "identity")  # byte offsets must mean file offsets
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if offset:
+        req.add_header("Range", f"bytes={offset}-")
+
+    try:
+        resp = _opener.open(req, timeout=timeout)
+    except urllib.error.HTTPError as err:
+        with err:
+            if err.code == 416 and offset:
+                # Nothing beyond `offset`: the partial file is already complete,
+                # unless the server's total says otherwise.
+                total = _content_range_total(err.headers.get("Content-Range"))
+                if total is None or total == offset:
+                    return
+                part.unlink()
+                raise _RetryLater(f"server says the file has {total} bytes, local part has {offset}", 0.0)
+            if err.code in _RETRY_STATUS:
+                raise _RetryLater(f"HTTP {err.code} {err.reason}", _retry_after(err.headers.get("Retry-After")))
+            if err.code in (401, 403):
+                raise DownloadError(
+                    f"download of {shown} refused: HTTP {err.code} {err.reason}. The source needs a valid "
+                    f"token with access to it{'' if token else ', and none was given'}.")
+            raise DownloadError(f"download of {shown} failed: HTTP {err.code} {err.reason}")
+    except urllib.error.URLError as err:
+        if isinstance(err.reason, (ConnectionError, socket.timeout, TimeoutError, OSError)):
+            raise _RetryLater(f"connection failed: {err.reason}", None)
+        raise DownloadError(f"download of {shown} failed: {err.reason}")
+    except _CONNECTION_ERRORS as err:
+        raise _RetryLater(f"connection failed: {err!r}", None)
+
+    with resp:
+        if resp.status == 206:
+            start = _content_range_start(resp.headers.get("Content-Range"))
+            if start != offset:
+                part.unlink(missing_ok=True)
+                raise _RetryLater(f"server answered range from {start}, asked from {offset}", 0.0)
+            mode = "ab"
+        else:
+            # 200: the server ignored the Range header; start over.
+            mode = "wb"
+            offset = 0
+        length = resp.headers.get("Content-Length")
+        want = int(length) if length and length.isdigit() else None
+        got = 0
+        try:
+            with open(part, mode) as out:
+                while block := resp.read(chunk_size):
+                    out.write(block)
+                    got += len(block)
+        except _CONNECTION_ERRORS as err:
+            if got:
+                raise _Interrupted(f"{err.__class__.__name__} after {offset + got:,} bytes") from None
+            raise _RetryLater(f"connection dropped: {err!r}", None) from None
+        # http.client returns b"" rather than raising when a body ends short.
+        if want is not None and got < want:
+            if got:
+                raise _Interrupted(f"connection closed after {offset + got:,} bytes")
+            raise _RetryLater("connection closed before any data", None)
+
+
+_CR = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+
+
+def _content_range_start(value: str | None) -> int | None:
+    m = _CR.match(value or "")
+    return int(m.group(1)) if m else None
+
+
+def _content_range_total(value: str | None) -> int | None:
+    m = re.match(r"bytes\s+(?:\d+-\d+|\*)/(\d+)", value or "")
+    return int(m.group(1)) if m else None
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face Hub
+# ---------------------------------------------------------------------------
+
+def hub_download(
+    repo_id: str,
+    dest_dir: str | os.PathLike,
+    *,
+    repo_type: str = "model",
+    revision: str | None = None,
+    allow_patterns: str | Sequence[str] | None = None,
+    token_env: str = "HF_TOKEN",
+    token_required: bool = False,
+    endpoint: str | None = None,
+    max_workers: int = 8,
+) -> Path:
+    """Download a Hub repository (or the files matching `allow_patterns`) into `dest_dir`.
+
+    huggingface_hub resumes partial files itself (`dest_dir/.cache/huggingface`).
+    The token comes from `token_env`; with `token_required` a missing token fails
+    before any request. `endpoint` defaults to $HF_ENDPOINT, then huggingface.co.
+    """
+    token = require_token(token_env, purpose=f"download {repo_id}") if token_required \
+        else (os.environ.get(token_env, "").strip() or None)
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        path = snapshot_download(
+            repo_id,
+            repo_type=repo_type,
+            revision=revision,
+            local_dir=dest_dir,
+            token=token,
+            endpoint=endpoint,
+            allow_patterns=list(allow_patterns) if isinstance(allow_patterns, (list, tuple)) else allow_patterns,
+            max_workers=max_workers,
+        )
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        hint = ""
+        if status in (401, 403):
+            hint = (f" The repository needs a token with access: set {token_env} "
+                    f"(and accept the model's license on the Hub).")
+        first_line = (str(err).splitlines() or [err.__class__.__name__])[0].rstrip(".")
+        raise DownloadError(redact(f"download of {repo_type} {repo_id} failed: {first_line}.{hint}", [token])) from None
+    return Path(path)
+
+
+# ---------------------------------------------------------------------------
+# expected-mounts.csv
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExpectedEntry:
+    """One row of NVIDIA's expected-mounts.csv.
+
+    `key` names the mount (DATADIR, MODEL, PREPROC_DATA, ...), `relative_path`
+    is relative to that mount's root ("." is the root), `type` is "file" or
+    "dir". For a file, num_files is 1 and num_bytes its size; for a dir, the
+    count and total size of all files below it. Hidden files and folders (name
+    starting with ".") are not counted, as in NVIDIA's mount check.
+    """
+
+    key: str
+    type: str
+    relative_path: str
+    num_files: int
+    num_bytes: int
+
+
+_MOUNT_COLUMNS = ("key", "type", "relative_path", "num_files", "num_bytes")
+
+
+def read_expected_mounts(csv_path: str | os.PathLike) -> list[ExpectedEntry]:
+    """Parse expected-mounts.csv (header: key,type,relative_path,num_files,num_bytes)."""
+    csv_path = Path(csv_path)
+    try:
+        text = csv_path.read_text()
+    except OSError as err:
+        raise DataError(f"cannot read expected mounts {csv_path}: {err.strerror}") from None
+    rows = list(csv.reader(text.splitlines()))
+    if not rows or tuple(c.strip() for c in rows[0]) != _MOUNT_COLUMNS:
+        raise DataError(f"{csv_path}: expected the header {','.join(_MOUNT_COLUMNS)}, "
+                        f"found {','.join(rows[0]) if rows else 'an empty file'}")
+    entries = []
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) != len(_MOUNT_COLUMNS):
+            raise DataError(f"{csv_path}:{lineno}: expected {len(_MOUNT_COLUMNS)} fields, found {len(row)}")
+        key, kind, rel, nfiles, nbytes = (c.strip() for c in row)
+        if kind not in ("file", "dir"):
+            raise DataError(f"{csv_path}:{lineno}: type must be 'file' or 'dir', found {kind!r}")
+        try:
+            entries.append(ExpectedEntry(key, kind, rel, int(nfiles), int(nbytes)))
+        except ValueError:
+            raise DataError(f"{csv_path}:{lineno}: num_files and num_bytes must be integers") from None
+    return entries
+
+
+def expected_from_files(key: str, files: Mapping[str, int]) -> list[ExpectedEntry]:
+    """Expected entries for a plain {relative path: size} listing, plus its root total."""
+    rows = [ExpectedEntry(key, "file", rel, 1, size) for rel, size in files.items()]
+    visible = [(rel, size) for rel, size in files.items() if not _is_hidden(rel)]
+    rows.append(ExpectedEntry(key, "dir", ".", len(visible), sum(s for _, s in visible)))
+    return rows
+
+
+def _is_hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in Path(rel).parts if part != ".")
+
+
+def _scan(root: Path) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
+    """Sizes of visible files and (count, bytes) of every visible folder under `root`."""
+    files: dict[str, int] = {}
+    dirs: dict[str, list[int]] = {".": [0, 0]}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel_dir = Path(dirpath).relative_to(root).as_posix()
+        dirs.setdefault(rel_dir, [0, 0])
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            try:
+                size = os.stat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue  # dangling link: reported as missing if expected
+            files[rel] = size
+            # Add to this folder and every ancestor up to the root.
+            parent = rel_dir
+            while True:
+                acc = dirs.setdefault(parent, [0, 0])
+                acc[0] += 1
+                acc[1] += size
+                if parent == ".":
+                    break
+                parent = Path(parent).parent.as_posix()
+    return files, {k: (v[0], v[1]) for k, v in dirs.items()}
+
+
+def verify_mounts(
+    root: str | os.PathLike | Mapping[str, str | os.PathLike],
+    expected: Sequence[ExpectedEntry],
+    *,
+    key: str | None = None,
+) -> list[str]:
+    """Compare what is on disk with `expected`; return the problems (empty when all is right).
+
+    `root` is either one folder (for the entries of `key`, which may be left
+    out when `expected` has a single key) or a mapping {key: folder} such as
+    {"DATADIR": ".../gov_report", "MODEL": ".../model"}; then only the keys
+    given are checked, like `mountcheck --mounts_to_verify`.
+    """
+    keys_in_csv = sorted({e.key for e in expected})
+    if isinstance(root, Mapping):
+        roots = {k: Path(v) for k, v in root.items()}
+    else:
+        if key is None:
+            if len(keys_in_csv) != 1:
+                raise ValueError(f"expected mounts list several keys ({', '.join(keys_in_csv)}); "
+                                 f"pass key= or a mapping of key to folder")
+            key = keys_in_csv[0]
+        roots = {key: Path(root)}
+
+    problems: list[str] = []
+    for k, folder in roots.items():
+        rows = [e for e in expected if e.key == k]
+        if not rows:
+            problems.append(f"{k}: no expected entries for this key (known: {', '.join(keys_in_csv)})")
+            continue
+        if not folder.is_dir():
+            problems.append(f"{k}: folder {folder} does not exist")
+            continue
+        files, dirs = _scan(folder)
+        for e in rows:
+            where = folder / e.relative_path
+            if e.type == "file":
+                size = files.get(e.relative_path)
+                if size is None and where.is_file():  # a hidden file named explicitly
+                    size = where.stat().st_size
+                if size is None:
+                    problems.append(f"{k}: missing file {where} ({e.num_bytes:,} bytes expected)")
+                elif size != e.num_bytes:
+                    problems.append(f"{k}: {where} is {size:,} bytes, expected {e.num_bytes:,}")
+            else:
+                rel = Path(e.relative_path).as_posix()
+                if rel not in dirs:
+                    problems.append(f"{k}: missing folder {where} ({e.num_files} files expected)")
+                    continue
+                count, total = dirs[rel]
+                if count != e.num_files:
+                    problems.append(f"{k}: {where} holds {count} files, expected {e.num_files}")
+                if total != e.num_bytes:
+                    problems.append(f"{k}: {where} holds {total:,} bytes, expected {e.num_bytes:,}")
+    return problems
+
+
+# ---------------------------------------------------------------------------
+# manifest
+# ---------------------------------------------------------------------------
+
+# huggingface_hub keeps its resume and metadata files here inside local_dir.
+_MANIFEST_SKIP_PREFIX = ".cache/huggingface/"
+
+
+def write_manifest(root: str | os.PathLike, out_json: str | os.PathLike,
+                   extra: Mapping | None = None, *, hash: bool = True) -> dict:
+    """Write {root, files: [{path, size, sha256?}], num_files, num_bytes, ...extra} atomically.
+
+    With `hash=False` (trees of terabytes) sizes are recorded without sha256.
+    """
+    root = Path(root)
+    out_json = Path(out_json)
+    if not root.is_dir():
+        raise DataError(f"cannot write a manifest of {root}: it is not a folder")
+    exclude = ("manifest.json", out_json.name)
+    if hash:
+        rows = file_manifest(root, exclude=exclude)
+    else:
+        rows = [{"path": p.relative_to(root).as_posix(), "size": p.stat().st_size}
+                for p in sorted(root.rglob("*")) if p.is_file() and p.name not in exclude]
+    rows = [r for r in rows if not r["path"].startswith(_MANIFEST_SKIP_PREFIX)]
+    manifest = {
+        "root": str(root.resolve()),
+        "hashed": hash,
+        "num_files": len(rows),
+        "num_bytes": sum(r["size"] for r in rows),
+        "files": rows,
+    }
+    for k, v in (extra or {}).items():
+        if k in manifest:
+            raise ValueError(f"extra key {k!r} collides with a manifest field")
+        manifest[k] = v
+    atomic_write_json(out_json, manifest)
+    return manifest
+
+
+# ---------------------------------------------------------------------------
+# an implementation's own download scripts
+# ---------------------------------------------------------------------------
+
+def container_command(
+    container: str | os.PathLike,
+    argv: Sequence[str],
+    *,
+    env_names: Iterable[str] = (),
+    mounts: Mapping[str | os.PathLike, str] | None = None,
+    workdir: str | None = None,
+    engine: str = "podman",
+) -> list[str]:
+    """The command line that runs `argv` inside `container`.
+
+    A path ending in .sqsh runs with `enroot start` (the image file directly);
+    anything else is an image name for `engine run --rm`. Environment variables
+    are passed by name only (`--env NAME`): the runtime copies the value from
+    its own environment, so secrets never appear on a command line.
+    `mounts` maps host paths to container paths; append ":ro" to the container
+    path for a read-only mount.
+    """
+    container = str(container)
+    mounts = mounts or {}
+    if container.endswith(".sqsh"):
+        cmd = ["enroot", "start", "--rw"]
+        for name in env_names:
+            cmd += ["--env", name]
+        for host, inside in mounts.items():
+            cmd += ["--mount", f"{Path(host).absolute()}:{inside}"]
+        cmd.append(str(Path(container).absolute()))
+        if workdir:
+            # enroot has no workdir flag; change directory inside the container.
+            return cmd + ["sh", "-c", f"cd {shlex.quote(workdir)} && exec \"$@\"", "sh", *argv]
+        return cmd + list(argv)
+    cmd = [engine, "run", "--rm"]
+    for name in env_names:
+        cmd += ["--env", name]
+    for host, inside in mounts.items():
+        cmd += ["--volume", f"{Path(host).absolute()}:{inside}"]
+    if workdir:
+        cmd += ["--workdir", workdir]
+    return cmd + [container, *argv]
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_download_script(
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str],
+    log_path: str | os.PathLike,
+    container: str | os.PathLike | None = None,
+    mounts: Mapping[str | os.PathLike, str] | None = None,
+    workdir: str | os.PathLike | None = None,
+    python: str = "python3",
+    secrets: Iterable[str] = (),
+) -> Path:
+    """Run an implementation's download script; its output goes, redacted, to `log_path`.
+
+    `env` is added to this process's environment for the child (put HF_TOKEN
+    here: it never goes on the command line, and an argument that contains a
+    secret is refused). Values of secret-looking variables (..._TOKEN, ...SECRET,
+    ...PASSWORD, ...KEY) and `secrets` are replaced by *** in the log. With
+    `container`, the script path is the path inside the container and the
+    command is wrapped by `container_command`. A non-zero exit raises DataError
+    naming the log and showing its last lines.
+    """
+    log_path = Path(log_path)
+    child_env = {**os.environ, **env}
+    hidden = secret_values(child_env) + [s for s in secrets if s]
+    argv = [python, str(script), *map(str, args)]
+    for a in argv:
+        if redact(a, hidden) != a:
+            raise DataError("a secret value was given as a command-line argument of the download script; "
+                            "pass it through the environment (env=) instead")
+    if container is not None:
+        cmd = container_command(container, argv, env_names=sorted(env), mounts=mounts,
+                                workdir=str(workdir) if workdir else None)
+        cwd = None
+    else:
+        cmd = argv
+        cwd = workdir
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    secret_bytes = sorted({s.encode() for s in hidden}, key=len, reverse=True)
+    with open(log_path, "wb") as out:
+        out.write(f"$ {shlex.join(cmd)}\n".encode())
+        out.flush()
+        try:
+            proc = subprocess.Popen(cmd, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except OSError as err:
+            raise DataError(f"cannot start {shlex.join(cmd[:3])} ...: {err.strerror}") from None
+        assert proc.stdout is not None
+        # Line by line so the log can be followed while it runs; a token never
+        # spans a newline, so per-line replacement catches every occurrence.
+        for line in proc.stdout:
+            for s in secret_bytes:
+                line = line.replace(s, REDACTED.encode())
+            out.write(line)
+            out.flush()
+        rc = proc.wait()
+    if rc != 0:
+        raise DataError(f"download script {script} failed with exit status {rc}; see {log_path}. "
+                        f"Last lines:\n{_log_tail(log_path)}")
+    return log_path
+
+
+# ---------------------------------------------------------------------------
+# documented data of the NVIDIA v5.0 implementations (plain data for config)
+# ---------------------------------------------------------------------------
+# Sizes are those of the implementations' expected-mounts.csv in
+# mlcommons/training_results_v5.0; sources are those their READMEs document.
+
+LLAMA2_70B_LORA_DATA: dict = {
+    "dataset": {
+        "mount_key": "DATADIR",
+        "script": "scripts/download_dataset.py",
+        "args": ["--data_dir", "{data_dir}"],
+        "hf_repo": "regisss/scrolls_gov_report_preprocessed_mlperf_2",
+        "hf_repo_type": "dataset",
+        "token_required": False,
+        "files": {"train.npy": 192_151_239, "validation.npy": 8_521_136},
+        "num_bytes": 200_672_375,
+    },
+    "model": {
+        "mount_key": "MODEL",
+        "script": "scripts/download_model.py",
+        "args": ["--model_dir", "{model_dir}"],
+        "hf_repo": "michal1270/llama2_70b_nemo_zarr",
+        "hf_repo_type": "model",
+        # The README asks for HF_TOKEN only for the conversion path (convert_model.py).
+        "token_required": False,
+        "num_files": 972,
+        "num_bytes": 137_957_928_277,
+    },
+}
+
+_MLC_DOCS = "https://github.com/mlcommons/training/tree/master/large_language_model_pretraining/nemo"
+_MLC_R2 = {
+    "tool": "rclone",
+    "remote": "mlc-training",
+    "provider": "Cloudflare R2 (S3)",
+    # The read-only access keys and endpoint for `rclone config create` are
+    # published in the reference README; they are not repeated here.
+    "setup_docs": _MLC_DOCS + "#preprocessed-data-download",
+}
+
+_C4_FINAL = {
+    "c4-train.en_6_text_document.bin": 47_578_969_786,
+    "c4-train.en_6_text_document.idx": 912_172_262,
+    "c4-train.en_7_text_document.bin": 47_976_859_012,
+    "c4-train.en_7_text_document.idx": 919_464_442,
+    "c4-validation-91205-samples.en_text_document.bin": 94_373_710,
+    "c4-validation-91205-samples.en_text_document.idx": 1_824_142,
+}
+
+LLAMA31_405B_DATA: dict = {
+    "mount_key": "PREPROC_DATA",
+    "env": "PREPROC_DATA",
+    "container_path": "/preproc_data",
+    "source": {**_MLC_R2, "path": "mlcommons-training-wg-public/common/datasets/c4/mixtral_8x22b_preprocessed"},
+    "files": _C4_FINAL,
+    "num_bytes": sum(_C4_FINAL.values()),
+    # The bucket holds all 8 training shards; only 6 and 7 are used. Shards 0-5
+    # are assumed the size of 6 and 7 (not published): an estimate for the
+    # free-space check before cleanup.
+    "download_bytes_estimate": sum(_C4_FINAL.values()) + 3 * sum(
+        v for k, v in _C4_FINAL.items() if k.startswith("c4-train")),
+    "cleanup": {
+        "remove": [f"c4-train.en_{i}_text_document.{ext}" for i in range(6) for ext in ("bin", "idx")]
+        + [f"c4-validation-small.en_text_document.{ext}" for ext in ("bin", "idx")]
+        + [f"c4-validation.en_text_document.{ext}" for ext in ("bin", "idx")],
+        # The validation files arrive as folders holding one file (note the
+        # doubled "n" in the inner name); the folder is replaced by that file.
+        "unwrap": {
+            f"c4-validation-91205-samples.en_text_document.{ext}":
+                f"c4-validationn-91205-samples.en_text_document.{ext}"
+            for ext in ("bin", "idx")
+        },
+    },
+}
+
+LLAMA31_405B_TOKENIZER: dict = {
+    "mount_key": "TOKENIZER",
+    "env": "TOKENIZER",
+    "container_path": "/workspace/llm/nemo_tokenizer",
+    "source": {**_MLC_R2, "path": "mlcommons-training-wg-public/llama3_1/datasets/tokenizer"},
+    "files": {
+        "special_tokens_map.json": 414,
+        "tokenizer.json": 1_795_188,
+        "tokenizer.model": 493_443,
+        "tokenizer.model.v1": 493_443,
+        "tokenizer_config.json": 996,
+    },
+    "num_bytes": 2_783_484,
+}
+
+LLAMA31_405B_CHECKPOINT: dict = {
+    "mount_key": "LOAD_CHECKPOINT_405B",
+    # The user gives LOAD_CHECKPOINTS_PATH; the checkpoint is its 405b/ folder,
+    # mounted at /load_checkpoints and used as LOAD_CHECKPOINT=/load_checkpoints/405b.
+    "env": "LOAD_CHECKPOINTS_PATH",
+    "subdir": "405b",
+    "container_path": "/load_checkpoints",
+    "source": {
+        "tool": "user-given path",
+        "access": "MLCommons members only (confidentiality notice at https://llama3-1.mlcommons.org)",
+        "docs": _MLC_DOCS + "#checkpoint-download",
+    },
+    "files": {
+        "context/io.json": 21_521,
+        "context/model.yaml": 6_210,
+        "context/nemo_tokenizer/special_tokens_map.json": 301,
+        "context/nemo_tokenizer/tokenizer.json": 17_209_920,
+        "context/nemo_tokenizer/tokenizer_config.json": 50_530,
+        "weights/__0_0.distcp": 625_703_140_948,
+        "weights/__0_1.distcp": 625_703_107_000,
+        "weights/common.pt": 2_839,
+        "weights/metadata.json": 119,
+    },
+    # weights/.metadata also exists (torch distributed checkpoint index) but,
+    # being hidden, is not listed by NVIDIA's mount check.
+    "num_bytes": 1_251_423_539_388,
+}
+
+# The implementation README asks for this much disk in all (data, tokenizer, checkpoint).
+LLAMA31_405B_DISK_BYTES = int(2.5e12)
+
+
+def apply_cleanup(folder: str | os.PathLike, cleanup: Mapping = LLAMA31_405B_DATA["cleanup"]) -> list[str]:
+    """Carry out a documented download cleanup in `folder`; safe to repeat.
+
+    Removes the files listed under "remove" and replaces each folder under
+    "unwrap" by the file of the given name inside it. Returns what was done.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError(f"cannot clean up {folder}: it is not a folder")
+    done = []
+    for outer, inner in cleanup.get("unwrap", {}).items():
+        outer_path = folder / outer
+        if not outer_path.is_dir():
+            continue
+        inner_path = outer_path / inner
+        if not inner_path.is_file():
+            raise DataError(f"cleanup of {folder}: {outer_path} is a folder without {inner}; "
+                            f"the download looks incomplete")
+        staged = folder / f".{outer}.unwrap"
+        os.replace(inner_path, staged)
+        shutil.rmtree(outer_path)
+        os.replace(staged, outer_path)
+        done.append(f"unwrapped {outer}/{inner}")
+    for name in cleanup.get("remove", []):
+        target = folder / name
+        if target.is_dir():
+            shutil.rmtree(target)
+            done.append(f"removed {name}/")
+        elif target.exists():
+            target.unlink()
+            done.append(f"removed {name}")
+    return done
+
+
+def verify_against(spec: Mapping, folder: str | os.PathLike) -> list[str]:
+    """Problems of `folder` against one of the specs above (files and sizes, root totals)."""
+    return verify_mounts(folder, expected_from_files(spec["mount_key"], spec["files"]))
+
+
+def use_checkpoint(path: str | os.PathLike, spec: Mapping = LLAMA31_405B_CHECKPOINT) -> Path:
+    """The checkpoint folder under a user-given path, verified by size; DataError otherwise.
+
+    `path` may be LOAD_CHECKPOINTS_PATH (holding 405b/) or the 405b folder itself.
+    """
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise DataError(
+            f"checkpoint path {path} does not exist. The checkpoint is available to "
+            f"{spec['source']['access']}; download it as {spec['source']['docs']} describes "
+            f"and give its folder.")
+    sub = spec.get("subdir")
+    folder = path / sub if sub and (path / sub).is_dir() else path
+    problems = verify_against(spec, folder)
+    if problems:
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise DataError(f"checkpoint at {folder} does not match the expected files:\n  {shown}{more}")
+    return folder

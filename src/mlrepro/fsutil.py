@@ -1,0 +1,102 @@
+"""Atomic file and folder writes.
+
+Every target the workflow trusts is written through these helpers: a temporary
+sibling is filled, flushed and renamed over the target, so an interrupted stage
+leaves either the old target or none, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `target`; rename it over `target` on success.
+
+    On an exception the temporary file is removed and `target` is untouched.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    # mkstemp creates 0600; targets are ordinary files, readable as the umask allows.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, target)
+        _fsync_dir(target.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+
+
+def atomic_write_text(target: str | os.PathLike, text: str) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(text)
+
+
+def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_json(target: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder beside `target`; it replaces `target` on success.
+
+    A folder left behind by an earlier interrupted attempt (`.NAME.partial`) is
+    handed back so that resumable downloads can continue where they stopped.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.parent / f".{target.name}.partial"
+    partial.mkdir(exist_ok=True)
+    yield partial
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(partial, target)
+    _fsync_dir(target.parent)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_manifest(root: str | os.PathLike, exclude: tuple[str, ...] = ("manifest.json",)) -> list[dict]:
+    """Files under `root` (relative path, size, sha256), sorted by path."""
+    root = Path(root)
+    rows = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name not in exclude:
+            rows.append({"path": p.relative_to(root).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)})
+    return rows

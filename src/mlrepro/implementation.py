@@ -1,0 +1,578 @@
+"""NVIDIA-style MLPerf implementations: their per-system configs and pinned sources.
+
+An implementation folder (NVIDIA's training_results_v5.0 layout, or our own
+`implementations/mini_lora`) holds one `config_<SYSTEM>.sh` per system shape.
+The launcher sources it and passes the exported variables to `run.sub`, so the
+only faithful way to know what a config sets is to source it the same way: in a
+clean bash, from its own folder, so that its `source .../config_common.sh`
+lines find their neighbours. Parsing the text instead would miss arithmetic
+such as WALLTIME=$((5 + NEXP * (WALLTIME_RUNANDTIME + 5))).
+
+Facts the published v5.0 configs rely on (checked against all twelve NVIDIA
+configs of llama2_70b_lora and llama31_405b):
+
+* The file name encodes the shape: `<PLATFORM>_<nodes>x<gpus>x<minibs>[xtp<T>pp<P>cp<C>][_<variant>]`.
+  The third number is MINIBS (run.sub names its logs `${DGXNNODES}x${DGXNGPU}x${MINIBS}`),
+  e.g. `GB200_64x4x112xtp4pp8cp2_cg` has MINIBS=112.
+* llama2_70b_lora spells the parallelism TP, PP, CP (PP comes from config_common.sh);
+  llama31_405b spells it TENSOR_MODEL_PARALLEL, PIPELINE_MODEL_PARALLEL, CONTEXT_PARALLEL.
+* The DGXH100 405b configs do not set DGXNGPU; run.sub defaults it to 8.
+* Global batch size: llama2_70b_lora uses MINIBS * (GPUs // (TP*PP)) // CP, llama31_405b
+  uses MINIBS * (GPUs // (TP*PP*CP)). Both agree whenever the GPU count is a multiple of
+  TP*PP*CP, which Megatron requires anyway, so we insist on that and use one formula.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+# run.sub's own default when a config leaves DGXNGPU unset (the DGXH100 405b configs do).
+DEFAULT_GPUS_PER_NODE = 8
+
+# Helper scripts that sit beside the system configs but describe no system.
+_HELPER_PREFIXES = ("config_common", "config_mounts")
+
+_NAME_SHAPE = re.compile(
+    r"^(?P<platform>[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)_"
+    r"(?P<nodes>\d+)x(?P<gpus>\d+)"
+    r"(?:x(?P<minibs>\d+))?"
+    r"(?:xtp(?P<tp>\d+)pp(?P<pp>\d+)(?:cp(?P<cp>\d+))?)?"
+    r"(?P<variant>_.+)?$"
+)
+
+# Variables the sourcing shell itself sets; they say nothing about the config.
+_SHELL_VARIABLES = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
+
+# Each setting and the spellings the published configs use for it, preferred first.
+_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "tp": ("TP", "TENSOR_MODEL_PARALLEL"),
+    "pp": ("PP", "PIPELINE_MODEL_PARALLEL"),
+    "cp": ("CP", "CONTEXT_PARALLEL"),
+    "sp": ("SP", "SEQ_PARALLEL", "SEQUENCE_PARALLEL"),
+}
+
+
+class ImplementationError(Exception):
+    """A problem with an implementation folder or one of its configs, in the user's words."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NameShape:
+    """What a config's file name promises about the system it is for."""
+
+    platform: str
+    nodes: int
+    gpus_per_node: int
+    minibs: int | None
+    tp: int | None
+    pp: int | None
+    cp: int | None
+    variant: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ImplementationConfig:
+    """A sourced config_<SYSTEM>.sh: the shape it launches and the environment it exports."""
+
+    path: Path
+    system: str  # DGXSYSTEM, derived from the file name as config_common.sh does
+    nodes: int  # DGXNNODES
+    gpus_per_node: int  # DGXNGPU
+    walltime_min: int  # WALLTIME: the sbatch time limit, minutes
+    walltime_runandtime_min: int  # WALLTIME_RUNANDTIME: budget of one run, minutes
+    minibs: int
+    tp: int
+    pp: int
+    cp: int
+    sp: int | None
+    max_steps: int | None
+    lr: float | None
+    gbs: int
+    name_shape: NameShape | None
+    env: dict[str, str]  # every exported variable, for the launch environment
+    warnings: tuple[str, ...] = ()  # what bash printed on stderr while sourcing
+    selected_because: str = ""  # set by pick_config
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def data_parallel(self) -> int:
+        return self.total_gpus // (self.tp * self.pp * self.cp)
+
+    def to_dict(self, with_env: bool = True) -> dict:
+        out = {
+            "path": str(self.path),
+            "system": self.system,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "total_gpus": self.total_gpus,
+            "walltime_min": self.walltime_min,
+            "walltime_runandtime_min": self.walltime_runandtime_min,
+            "minibs": self.minibs,
+            "tp": self.tp,
+            "pp": self.pp,
+            "cp": self.cp,
+            "sp": self.sp,
+            "data_parallel": self.data_parallel,
+            "gbs": self.gbs,
+            "max_steps": self.max_steps,
+            "lr": self.lr,
+            "warnings": list(self.warnings),
+            "selected_because": self.selected_because,
+        }
+        if with_env:
+            out["env"] = dict(self.env)
+        return out
+
+
+def system_name(config_path: str | os.PathLike) -> str:
+    """DGXSYSTEM for a config file: its name without `config_` and `.sh`."""
+    name = Path(config_path).name
+    if not (name.startswith("config_") and name.endswith(".sh")) or len(name) <= len("config_.sh"):
+        raise ImplementationError(f"{name}: a system config must be named config_<SYSTEM>.sh")
+    return name[len("config_") : -len(".sh")]
+
+
+def parse_name_shape(system: str) -> NameShape | None:
+    """The shape a system name encodes, or None for a name that encodes none (e.g. a custom one)."""
+    m = _NAME_SHAPE.match(system)
+    if not m:
+        return None
+
+    def opt(key: str) -> int | None:
+        return int(m[key]) if m[key] is not None else None
+
+    return NameShape(
+        platform=m["platform"],
+        nodes=int(m["nodes"]),
+        gpus_per_node=int(m["gpus"]),
+        minibs=opt("minibs"),
+        tp=opt("tp"),
+        pp=opt("pp"),
+        cp=opt("cp"),
+        variant=(m["variant"] or "")[1:],
+    )
+
+
+def _clean_env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+    }
+    if extra:
+        env.update({str(k): str(v) for k, v in extra.items()})
+    return env
+
+
+# The config's own stdout is moved to stderr so that fd 3 carries nothing but the
+# NUL-separated environment dump; `source` returns the status of the config's last command.
+_SOURCE_SCRIPT = 'exec 3>&1 1>&2; source "./$1"; status=$?; env -0 >&3; exit $status'
+
+
+def source_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = None) -> tuple[dict[str, str], str]:
+    """Source a config in a clean bash from its own folder; return (exported variables, stderr)."""
+    path = Path(config_path)
+    if not path.is_file():
+        raise ImplementationError(f"config file not found: {path}")
+    base = _clean_env(env)
+    try:
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-c", _SOURCE_SCRIPT, "mlrepro-source", path.name],
+            cwd=path.resolve().parent,
+            env=base,
+            capture_output=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ImplementationError(f"{path.name}: sourcing it did not finish within 60 s") from exc
+    stderr = proc.stderr.decode(errors="replace").strip()
+    if proc.returncode != 0:
+        raise ImplementationError(
+            f"{path.name}: sourcing it in a clean bash failed (exit status {proc.returncode}).\n"
+            f"bash said:\n{stderr or '(nothing on stderr)'}"
+        )
+    exported: dict[str, str] = {}
+    for item in proc.stdout.decode(errors="replace").split("\0"):
+        if "=" not in item:
+            continue
+        key, value = item.split("=", 1)
+        if key in _SHELL_VARIABLES or base.get(key) == value and key not in (env or {}):
+            continue
+        exported[key] = value
+    return exported, stderr
+
+
+def _integer(config: str, key: str, value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ImplementationError(f"{config}: {key}={value!r} is not a whole number") from None
+    if number < 0:
+        raise ImplementationError(f"{config}: {key}={value!r} must not be negative")
+    return number
+
+
+def _lookup(exported: Mapping[str, str], setting: str) -> tuple[str, str] | None:
+    for key in _SPELLINGS[setting]:
+        if exported.get(key, "") != "":
+            return key, exported[key]
+    return None
+
+
+def read_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = None) -> ImplementationConfig:
+    """Source config_<SYSTEM>.sh and describe the system shape and environment it sets.
+
+    `env` adds variables to the clean shell before sourcing (e.g. NEXP, which the
+    published configs use to size WALLTIME). Raises ImplementationError when bash
+    fails, a required variable is missing or malformed, or the values contradict the
+    shape that the file name encodes.
+    """
+    path = Path(config_path)
+    system = system_name(path)
+    exported, stderr = source_config(path, env)
+    label = path.name
+
+    missing = [key for key in ("DGXNNODES", "WALLTIME_RUNANDTIME", "WALLTIME", "MINIBS") if exported.get(key, "") == ""]
+    parallel: dict[str, tuple[str, str]] = {}
+    for setting in ("tp", "pp", "cp"):
+        found = _lookup(exported, setting)
+        if found is None:
+            missing.append(" or ".join(_SPELLINGS[setting]))
+        else:
+            parallel[setting] = found
+    if missing:
+        raise ImplementationError(
+            f"{label}: sourcing it did not export {', '.join(missing)}; "
+            "a system config must set the node count, run budget, batch size and parallelism"
+            + (f".\nbash said:\n{stderr}" if stderr else "")
+        )
+
+    nodes = _integer(label, "DGXNNODES", exported["DGXNNODES"])
+    gpn_raw = exported.get("DGXNGPU", "")
+    gpus_per_node = _integer(label, "DGXNGPU", gpn_raw) if gpn_raw else DEFAULT_GPUS_PER_NODE
+    walltime = _integer(label, "WALLTIME", exported["WALLTIME"])
+    runandtime = _integer(label, "WALLTIME_RUNANDTIME", exported["WALLTIME_RUNANDTIME"])
+    minibs = _integer(label, "MINIBS", exported["MINIBS"])
+    tp, pp, cp = (_integer(label, *parallel[s]) for s in ("tp", "pp", "cp"))
+    sp_found = _lookup(exported, "sp")
+    sp = _integer(label, *sp_found) if sp_found else None
+    max_steps = _integer(label, "MAX_STEPS", exported["MAX_STEPS"]) if exported.get("MAX_STEPS") else None
+    lr = None
+    if exported.get("LR"):
+        try:
+            lr = float(exported["LR"])
+        except ValueError:
+            raise ImplementationError(f"{label}: LR={exported['LR']!r} is not a number") from None
+
+    for key, value in (("DGXNNODES", nodes), ("DGXNGPU", gpus_per_node), ("MINIBS", minibs),
+                       (parallel["tp"][0], tp), (parallel["pp"][0], pp), (parallel["cp"][0], cp),
+                       ("WALLTIME_RUNANDTIME", runandtime), ("WALLTIME", walltime)):
+        if value == 0:
+            raise ImplementationError(f"{label}: {key} must be at least 1")
+    total = nodes * gpus_per_node
+    if total % (tp * pp * cp):
+        raise ImplementationError(
+            f"{label}: {nodes} nodes x {gpus_per_node} GPUs = {total} GPUs is not a multiple of "
+            f"TP*PP*CP = {tp}*{pp}*{cp} = {tp * pp * cp}"
+        )
+    if walltime < runandtime:
+        raise ImplementationError(
+            f"{label}: WALLTIME={walltime} min is shorter than one run's budget WALLTIME_RUNANDTIME={runandtime} min"
+        )
+    gbs = minibs * (total // (tp * pp * cp))
+
+    sourced_system = exported.get("DGXSYSTEM")
+    if sourced_system and sourced_system != system:
+        raise ImplementationError(
+            f"{label}: it sets DGXSYSTEM={sourced_system!r} but its file name says {system!r}"
+        )
+    shape = parse_name_shape(system)
+    if shape is not None:
+        _cross_check(label, shape, {
+            "nodes": ("DGXNNODES", nodes),
+            "gpus_per_node": ("DGXNGPU", gpus_per_node),
+            "minibs": ("MINIBS", minibs),
+            "tp": (parallel["tp"][0], tp),
+            "pp": (parallel["pp"][0], pp),
+            "cp": (parallel["cp"][0], cp),
+        })
+
+    launch_env = dict(exported)
+    launch_env["DGXSYSTEM"] = system
+    launch_env.setdefault("DGXNGPU", str(gpus_per_node))
+    warnings = tuple(line for line in stderr.splitlines() if line.strip())
+    for line in warnings:
+        log.warning("%s: %s", label, line)
+    return ImplementationConfig(
+        path=path.resolve(), system=system, nodes=nodes, gpus_per_node=gpus_per_node,
+        walltime_min=walltime, walltime_runandtime_min=runandtime, minibs=minibs,
+        tp=tp, pp=pp, cp=cp, sp=sp, max_steps=max_steps, lr=lr, gbs=gbs,
+        name_shape=shape, env=launch_env, warnings=warnings,
+    )
+
+
+def _cross_check(label: str, shape: NameShape, values: Mapping[str, tuple[str, int]]) -> None:
+    problems = []
+    for field, (key, actual) in values.items():
+        promised = getattr(shape, field)
+        if promised is not None and promised != actual:
+            problems.append(f"the name says {field}={promised} but {key}={actual}")
+    if problems:
+        raise ImplementationError(f"{label}: file name and values disagree: " + "; ".join(problems))
+
+
+def list_configs(impl_dir: str | os.PathLike) -> list[Path]:
+    """The system configs of an implementation folder, sorted by name (helpers left out)."""
+    folder = Path(impl_dir)
+    if not folder.is_dir():
+        raise ImplementationError(f"implementation folder not found: {folder}")
+    return sorted(
+        p for p in folder.glob("config_*.sh")
+        if p.is_file() and not p.name.startswith(_HELPER_PREFIXES)
+    )
+
+
+def check_fits(config: ImplementationConfig, nodes: int, gpus_per_node: int) -> None:
+    """Raise when `config` needs more nodes or GPUs per node than the system has."""
+    problems = []
+    if config.nodes > nodes:
+        problems.append(f"{config.nodes} nodes but the system has {nodes}")
+    if config.gpus_per_node > gpus_per_node:
+        problems.append(f"{config.gpus_per_node} GPUs per node but the system has {gpus_per_node}")
+    if problems:
+        raise ImplementationError(
+            f"config {config.path.name} (system {config.system}) does not fit this system: it needs "
+            + " and ".join(problems)
+        )
+
+
+def _resolve_requested(impl_dir: Path, requested: str) -> Path:
+    candidates = [Path(requested), impl_dir / requested, impl_dir / f"config_{requested}.sh"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    names = ", ".join(p.name for p in list_configs(impl_dir)) or "none"
+    raise ImplementationError(
+        f"config {requested!r} not found in {impl_dir}; it has: {names}"
+    )
+
+
+def pick_config(
+    impl_dir: str | os.PathLike,
+    nodes: int,
+    gpus_per_node: int,
+    requested: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ImplementationConfig:
+    """The config to launch on a system of `nodes` x `gpus_per_node` GPUs.
+
+    `requested` (a system name such as GB200_18x4x1xtp1pp1cp8, a config file name,
+    or a path) wins when given, after checking that it fits. Otherwise the choice is:
+    the configs whose nodes and GPUs per node equal the system's; if there are none,
+    those with the same GPUs per node and fewer nodes, largest first. Ties go to the
+    alphabetically first file name, so the choice never depends on directory order.
+    The reason is recorded in `selected_because`.
+    """
+    folder = Path(impl_dir)
+    if requested:
+        config = read_config(_resolve_requested(folder, requested), env)
+        check_fits(config, nodes, gpus_per_node)
+        return dataclasses.replace(config, selected_because=f"named by the user ({requested})")
+
+    paths = list_configs(folder)
+    if not paths:
+        raise ImplementationError(f"{folder} has no config_<SYSTEM>.sh files")
+    configs = [read_config(p, env) for p in paths]
+    exact = [c for c in configs if c.nodes == nodes and c.gpus_per_node == gpus_per_node]
+    if exact:
+        chosen = exact[0]
+        reason = f"its shape {chosen.nodes}x{chosen.gpus_per_node} equals the system's"
+        if len(exact) > 1:
+            others = ", ".join(c.path.name for c in exact[1:])
+            reason += f"; first by name among {len(exact)} that match (also: {others})"
+    else:
+        smaller = [c for c in configs if c.gpus_per_node == gpus_per_node and c.nodes <= nodes]
+        if not smaller:
+            listing = "; ".join(f"{c.path.name} ({c.nodes}x{c.gpus_per_node})" for c in configs)
+            raise ImplementationError(
+                f"no config in {folder} fits a system of {nodes} nodes x {gpus_per_node} GPUs per node; "
+                f"it has: {listing}. Name one explicitly, or add a config_<SYSTEM>.sh for this shape."
+            )
+        smaller.sort(key=lambda c: (-c.nodes, c.path.name))
+        chosen = smaller[0]
+        reason = (
+            f"no config matches {nodes}x{gpus_per_node} exactly; the largest that fits uses "
+            f"{chosen.nodes} of the {nodes} nodes"
+        )
+    log.info("picked %s: %s", chosen.path.name, reason)
+    return dataclasses.replace(chosen, selected_because=reason)
+
+
+# ---------------------------------------------------------------------------
+# Fetching an implementation at a pinned commit
+
+_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+_RECORD = ".mlrepro-source.json"
+
+
+class FetchError(ImplementationError):
+    """The implementation could not be fetched or verified at the pinned commit."""
+
+
+def _git(args: Sequence[str], cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ADVICE="0", LC_ALL="C")
+    proc = subprocess.run(["git", "-c", "advice.detachedHead=false", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise FetchError(f"git {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    return proc
+
+
+def _is_local_folder(source: str) -> bool:
+    return "://" not in source and not re.match(r"^[\w.-]+@[\w.-]+:", source) and Path(source).is_dir()
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != _RECORD and ".git" not in p.relative_to(root).parts:
+            h.update(p.relative_to(root).as_posix().encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _verified_checkout(dest: Path, commit: str, folder: str) -> bool:
+    if not (dest / ".git").exists():
+        return False
+    head = _git(["rev-parse", "HEAD"], cwd=dest, check=False)
+    if head.returncode != 0 or head.stdout.strip() != commit:
+        return False
+    if folder and not (dest / folder).is_dir():
+        return False
+    dirty = _git(["status", "--porcelain", "--untracked-files=no"], cwd=dest, check=False)
+    return dirty.returncode == 0 and not dirty.stdout.strip()
+
+
+def _replace_dir(staged: Path, dest: Path) -> None:
+    """Move `staged` to `dest`; an older `dest` is moved aside first and then removed."""
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        os.replace(dest, old)
+    os.replace(staged, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def fetch_implementation(
+    repo_url: str,
+    commit: str | None,
+    folder: str | None,
+    dest: str | os.PathLike,
+) -> Path:
+    """Bring an implementation into `dest` at a pinned commit and return its folder.
+
+    `repo_url` is a git URL (https://, file://, ssh) fetched with --depth 1 at
+    `commit` (a full 40-character sha), checking out only `folder` where git's sparse
+    checkout allows; HEAD is verified to equal `commit`. Or `repo_url` is a plain
+    local folder (commit None): `folder` inside it is copied. Either way the result
+    is staged beside `dest` and renamed into place, and a `dest` already holding the
+    verified commit (or an identical copy of the local folder) is reused untouched.
+    Returns `dest / folder` (or `dest` when `folder` is empty).
+    """
+    dest = Path(dest)
+    folder = (folder or "").strip("/")
+    if not commit:
+        if not _is_local_folder(repo_url):
+            raise FetchError(
+                f"{repo_url}: a git repository needs a pinned commit (the full 40-character sha); "
+                "only a local folder may be used without one"
+            )
+        return _copy_local_folder(Path(repo_url), folder, dest)
+
+    commit = commit.strip().lower()
+    if not _FULL_SHA.match(commit):
+        raise FetchError(
+            f"commit {commit!r} is not a full 40-character sha; pin the implementation to an exact commit"
+        )
+    target = dest / folder if folder else dest
+    if _verified_checkout(dest, commit, folder):
+        log.info("reusing %s at %s", dest, commit)
+        return target
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}.fetch-", dir=dest.parent))
+    try:
+        _git(["init", "--quiet", str(staged)])
+        _git(["remote", "add", "origin", repo_url], cwd=staged)
+        if folder:
+            _git(["sparse-checkout", "set", "--cone", folder], cwd=staged)
+        shallow = _git(["fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit],
+                       cwd=staged, check=False)
+        if shallow.returncode != 0:
+            # Some servers refuse to hand out a commit by sha; a full fetch still finds it
+            # when it is reachable from a branch or tag.
+            full = _git(["fetch", "--quiet", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*"],
+                        cwd=staged, check=False)
+            if full.returncode != 0:
+                raise FetchError(f"could not fetch {repo_url}:\n{full.stderr.strip() or shallow.stderr.strip()}")
+            if _git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=staged, check=False).returncode != 0:
+                raise FetchError(f"commit {commit} is not in {repo_url} (git said: {shallow.stderr.strip()})")
+        _git(["checkout", "--quiet", "--detach", commit], cwd=staged)
+        head = _git(["rev-parse", "HEAD"], cwd=staged).stdout.strip()
+        if head != commit:
+            raise FetchError(f"{repo_url}: checked out {head} but the pinned commit is {commit}")
+        if folder and not (staged / folder).is_dir():
+            raise FetchError(f"{repo_url} at {commit} has no folder {folder!r}")
+        record = {"source": repo_url, "commit": commit, "folder": folder}
+        (staged / ".git" / _RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        _replace_dir(staged, dest)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    log.info("fetched %s at %s into %s", repo_url, commit, dest)
+    return target
+
+
+def _copy_local_folder(source_root: Path, folder: str, dest: Path) -> Path:
+    source = source_root / folder if folder else source_root
+    if not source.is_dir():
+        raise FetchError(f"implementation folder not found: {source}")
+    target = dest / folder if folder else dest
+    digest = _tree_digest(source)
+    record_path = dest / _RECORD
+    if record_path.is_file() and target.is_dir():
+        try:
+            record = json.loads(record_path.read_text())
+        except ValueError:
+            record = {}
+        if record.get("tree_sha256") == digest and _tree_digest(target) == digest:
+            log.info("reusing copy of %s in %s", source, dest)
+            return target
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}.copy-", dir=dest.parent))
+    try:
+        shutil.copytree(source, staged / folder if folder else staged, symlinks=True,
+                        ignore=shutil.ignore_patterns(".git"), dirs_exist_ok=True)
+        record = {"source": str(source_root.resolve()), "commit": None, "folder": folder, "tree_sha256": digest}
+        (staged / _RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        _replace_dir(staged, dest)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return target

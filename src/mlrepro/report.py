@@ -1,0 +1,164 @@
+"""One self-contained HTML page for a scored benchmark.
+
+Score and validity at the top, a table of runs, the evaluation metric against
+samples for every seed with the target line, time-to-train per seed, and the
+compliance and RCP verdicts. Plots are inline SVG (matplotlib, Agg backend),
+so the page needs nothing beside it.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from mlrepro.fsutil import atomic_write_text  # noqa: E402
+from mlrepro.mllog import parse_log  # noqa: E402
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{margin-bottom:.2em} .verdict{font-size:1.4em;padding:.6em 1em;border-radius:6px;margin:1em 0}
+.valid{background:#e3f6e5;border:1px solid #3a3} .invalid{background:#fde8e8;border:1px solid #c33}
+table{border-collapse:collapse;margin:1em 0;font-size:.92em} td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
+th{background:#f3f3f3} .bad{color:#b00} .ok{color:#070} figure{margin:1em 0} .small{color:#666;font-size:.85em}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape("-" if x is None else str(x))
+
+
+def _num(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog and doctype
+
+
+def _evals_by_run(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None) -> list[tuple[str, list]]:
+    metric = score["target"]["metric"]
+    runs = score.get("runs") or []
+    paths: dict[Any, Any] = {}
+    if isinstance(logs, Mapping):
+        paths = dict(logs)
+    elif logs:
+        paths = {i: p for i, p in enumerate(logs)}
+    out = []
+    if paths:
+        for label, path in paths.items():
+            log = parse_log(path)
+            pts = [(r.metadata.get("samples_count"), r.value) for r in log.all(metric)]
+            pts = [(s, v) for s, v in pts if isinstance(s, (int, float)) and isinstance(v, (int, float))]
+            seed = log.value("seed", label)
+            out.append((f"seed {seed}", pts))
+    else:
+        for r in runs:
+            pts = [(s, v) for s, v in (r.get("evals") or []) if s is not None and v is not None]
+            out.append((f"seed {r.get('seed')}", pts))
+    return out
+
+
+def _eval_plot(score: dict, series: list[tuple[str, list]]) -> str:
+    t = score["target"]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for label, pts in series:
+        if pts:
+            xs, ys = zip(*sorted(pts))
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=label)
+    ax.axhline(t["value"], color="red", linestyle="--", linewidth=1.2, label=f"target {t['direction']} {t['value']:g}")
+    ax.set_xlabel("samples")
+    ax.set_ylabel(t["metric"])
+    ax.set_title(f"{t['metric']} against samples, every seed")
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=7, ncol=2)
+    return _svg(fig)
+
+
+def _time_plot(score: dict) -> str:
+    runs = [r for r in score.get("runs") or [] if r.get("minutes") is not None]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    labels = [str(r.get("seed")) for r in runs]
+    colors = ["#4a8" if r.get("counted") else "#d55" for r in runs]
+    ax.bar(range(len(runs)), [r["minutes"] for r in runs], color=colors)
+    ax.set_xticks(range(len(runs)), labels, rotation=45, fontsize=8)
+    if score.get("olympic_minutes") is not None:
+        ax.axhline(score["olympic_minutes"], color="#333", linestyle="--", linewidth=1,
+                   label=f"olympic mean {score['olympic_minutes']:.3f} min")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("seed (red: not counted)")
+    ax.set_ylabel("time to train (minutes)")
+    ax.set_title("time to train per seed")
+    ax.grid(axis="y", alpha=.3)
+    return _svg(fig)
+
+
+def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None) -> str:
+    """The report page as a string."""
+    valid = bool(score.get("valid"))
+    t = score["target"]
+    rules = (f"MLPerf Training {score.get('ruleset')} ({score.get('mlperf_benchmark')})"
+             if score.get("mlperf_benchmark") else "no MLPerf ruleset: generic checks")
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(score['benchmark'])} score</title>",
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>{_e(score['benchmark'])}</h1><div class='small'>{_e(rules)}; target {_e(t['metric'])} "
+             f"{_e(t['direction'])} {_e(t['value'])}; {_e(score.get('required_runs'))} runs required</div>",
+             f"<div class='verdict {'valid' if valid else 'invalid'}' id='score'>score "
+             f"<b>{_num(score.get('score_minutes'))}</b> minutes &mdash; {'VALID' if valid else 'NOT VALID'}"
+             f"<div class='small'>olympic mean {_num(score.get('olympic_minutes'))} min &times; RCP scaling "
+             f"{_num(score['rcp'].get('scaling_factor'), '.6f')}</div></div>"]
+    if score.get("reasons"):
+        parts.append("<h3>Why not valid</h3><ul>" + "".join(f"<li class='bad'>{_e(r)}</li>" for r in score["reasons"])
+                     + "</ul>")
+    parts.append("<h2>Runs</h2><table id='runs'><tr><th>seed</th><th>minutes</th><th>status</th><th>samples to "
+                 "converge</th><th>compliance</th><th>counted</th><th>reasons / problems</th><th>file</th></tr>")
+    for r in score.get("runs") or []:
+        comp = r.get("compliance") or {}
+        comp_s = "not run" if not comp.get("checked") else ("pass" if comp.get("pass") else "FAIL")
+        notes = [*(r.get("reasons") or []), *(comp.get("reasons") or [] if comp.get("checked") else []),
+                 *(r.get("problems") or [])]
+        parts.append(
+            f"<tr><td>{_e(r.get('seed'))}</td><td>{_num(r.get('minutes'))}</td><td>{_e(r.get('status'))}</td>"
+            f"<td>{_e(r.get('samples_to_converge'))}</td><td class='{'ok' if comp.get('pass') else 'bad'}'>"
+            f"{_e(comp_s)}</td><td class='{'ok' if r.get('counted') else 'bad'}'>"
+            f"{'yes' if r.get('counted') else 'no'}</td><td>{'<br>'.join(_e(n) for n in notes[:8])}</td>"
+            f"<td class='small'>{_e(Path(str(r.get('file'))).name)}</td></tr>")
+    parts.append("</table>")
+    parts.append(f"<h2>Convergence</h2><figure id='eval-plot'>{_eval_plot(score, _evals_by_run(score, logs))}"
+                 "</figure>")
+    parts.append(f"<h2>Time to train</h2><figure id='time-plot'>{_time_plot(score)}</figure>")
+    rcp = score["rcp"]
+    rcp_s = "not checked" if not rcp.get("checked") else ("PASS" if rcp.get("pass") else "FAIL")
+    n_comp = [r for r in score.get("runs") or [] if (r.get("compliance") or {}).get("checked")]
+    comp_pass = sum(1 for r in n_comp if r["compliance"].get("pass"))
+    parts.append("<h2>Verdicts</h2><table id='verdicts'>"
+                 f"<tr><th>compliance checker</th><td>{comp_pass} of {len(n_comp)} checked runs pass"
+                 f"{'' if n_comp else ' (no MLPerf ruleset, not run)'}</td></tr>"
+                 f"<tr><th>RCP check</th><td>{rcp_s}: {_e(rcp.get('reason'))}</td></tr>"
+                 f"<tr><th>RCP mean / submission mean</th><td>{_e(rcp.get('rcp_mean'))} / "
+                 f"{_e(rcp.get('submission_mean'))} samples</td></tr>"
+                 f"<tr><th>scaling factor</th><td>{_num(rcp.get('scaling_factor'), '.6f')}</td></tr></table>")
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, out_html: str | os.PathLike) -> Path:
+    """Write the report for `score` (a score_runs result) to `out_html` atomically.
+
+    `logs` maps seed → log path (or lists log paths) for the convergence plot;
+    with None the evaluations stored in each run of `score` are used.
+    """
+    out = Path(out_html)
+    atomic_write_text(out, render_report(score, logs))
+    return out

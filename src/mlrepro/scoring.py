@@ -1,0 +1,496 @@
+"""Score training runs the way MLCommons scores them.
+
+Per run (``score_run``): run time = run_stop − run_start of the first such
+records, in minutes; convergence from run_stop's status and the target; the
+official compliance checker of the benchmark's ruleset.
+
+Per benchmark (``score_runs``), following mlperf_logging 4.1's result_summarizer
+and rcp_checker: runs that fail (compliance, parse errors, no run_start/stop,
+not converged) are dropped; at most one may fail and it then counts as the
+dropped slowest run; the olympic mean drops the fastest and slowest of the
+rest (10 runs → mean of the middle 8, 3 → the median); the RCP check compares
+the olympic mean of samples-to-converge with the reference convergence points
+and scales the score by max(1, RCP mean / submission mean) when the check
+passes. The factor is always computed from the runs, never read from a
+scaling.json.
+
+A benchmark without an MLPerf ruleset (mini_lora) gets the generic checks:
+run_start and run_stop present, status success, target met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from mlrepro import checkers
+from mlrepro.fsutil import atomic_write_json
+from mlrepro.mllog import ParsedLog, contains_mllog, parse_log
+
+DEFAULT_RULESET = "5.0.0"
+# Our config names for the MLPerf benchmarks.
+ALIASES = {
+    "llama2_lora": "llama2_70b_lora",
+    "llama2_70b": "llama2_70b_lora",
+    "llama31": "llama31_405b",
+    "llama3_405b": "llama31_405b",
+    "llama31_405b_pretrain": "llama31_405b",
+}
+# Quality targets of the MLPerf Training 5.0 rules (also enforced by the
+# compliance checker's closed_<benchmark>.yaml).
+MLPERF_TARGETS = {
+    "llama2_70b_lora": ("eval_accuracy", 0.925, "<="),
+    "llama31_405b": ("eval_accuracy", 5.6, "<="),
+}
+_DIRECTIONS = {
+    "<=": "<=", "le": "<=", "lower": "<=", "min": "<=", "minimize": "<=", "below": "<=", "lower_is_better": "<=",
+    ">=": ">=", "ge": ">=", "higher": ">=", "max": ">=", "maximize": ">=", "above": ">=", "higher_is_better": ">=",
+}
+_LOG_SUFFIXES = {".txt", ".log", ".out", ".err", ""}
+
+
+class RulesError(ValueError):
+    """A benchmark cannot be scored with what we were told about it."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How one benchmark is scored."""
+
+    benchmark: str  # the name the user gave (our config name or the MLPerf name)
+    mlperf_benchmark: str | None  # None: no MLPerf ruleset applies (mini_lora)
+    ruleset: str | None
+    required_runs: int
+    target_metric: str
+    target_value: float
+    target_direction: str  # "<=" or ">="
+    max_failed_runs: int = 1
+    usage: str = "training"
+
+    def target_met(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.mlperf_benchmark:
+            # the closed-division check also requires a positive metric
+            if value <= 0:
+                return False
+        return value <= self.target_value if self.target_direction == "<=" else value >= self.target_value
+
+    @property
+    def target(self) -> dict:
+        return {"metric": self.target_metric, "value": self.target_value, "direction": self.target_direction}
+
+
+def _parse_target(target: Any) -> tuple[str, float, str]:
+    if isinstance(target, str):
+        m = re.fullmatch(r"\s*([A-Za-z_][\w.]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*", target)
+        if not m:
+            raise RulesError(f"target {target!r} is not METRIC<=VALUE or METRIC>=VALUE")
+        return m.group(1), float(m.group(3)), m.group(2)
+    if isinstance(target, dict):
+        try:
+            metric, value = str(target["metric"]), float(target["value"])
+        except (KeyError, TypeError, ValueError):
+            raise RulesError(f"target {target!r} needs 'metric' and a numeric 'value'") from None
+        direction = _DIRECTIONS.get(str(target.get("direction", "<=")).strip().lower())
+        if direction is None:
+            raise RulesError(f"target direction {target.get('direction')!r} is not one of <=, >=, min, max")
+        return metric, value, direction
+    if isinstance(target, (tuple, list)) and len(target) == 3:
+        return _parse_target({"metric": target[0], "value": target[1], "direction": target[2]})
+    raise RulesError(f"cannot read a target from {target!r}")
+
+
+def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int | None = None,
+              target: Any = None) -> Rules:
+    """The scoring rules of `benchmark`.
+
+    MLPerf benchmarks (llama2_70b_lora, llama31_405b, or our names for them such
+    as llama2_lora) get their facts from mlperf_logging and the MLPerf rules;
+    explicit `required_runs`/`target` override them. Any other benchmark is
+    scored with the generic checks and needs `target` (a dict
+    {metric, value, direction}, or "metric<=value"); `required_runs` defaults to 10.
+    """
+    name = str(benchmark).strip()
+    mlperf = ALIASES.get(name, name)
+    if mlperf in MLPERF_TARGETS:
+        ruleset = ruleset or DEFAULT_RULESET
+        if ruleset not in checkers.supported_rulesets():
+            raise RulesError(f"mlperf_logging has no training ruleset {ruleset!r}")
+        from mlperf_logging.benchmark_meta import get_allowed_benchmarks, get_result_file_counts
+
+        if mlperf not in get_allowed_benchmarks("training", ruleset):
+            raise RulesError(f"{mlperf} is not a benchmark of MLPerf Training {ruleset}")
+        runs = required_runs or get_result_file_counts("training")[mlperf]
+        metric, value, direction = _parse_target(target) if target is not None else MLPERF_TARGETS[mlperf]
+        return Rules(name, mlperf, ruleset, int(runs), metric, value, direction)
+    if ruleset:
+        raise RulesError(f"{name} is not an MLPerf benchmark, so it has no ruleset (got --ruleset {ruleset})")
+    if target is None:
+        raise RulesError(f"no target known for benchmark {name!r}: give one (e.g. --target eval_loss<=3.5)")
+    metric, value, direction = _parse_target(target)
+    runs = int(required_runs) if required_runs else 10
+    if runs < 1:
+        raise RulesError("required runs must be at least 1")
+    # The olympic mean needs three runs; with fewer, every run counts and none may fail.
+    return Rules(name, None, None, runs, metric, value, direction, max_failed_runs=1 if runs >= 3 else 0)
+
+
+# ---------------------------------------------------------------- one run
+
+
+def _seed_of(log: ParsedLog, path: Path) -> int | None:
+    rec = log.first("seed")
+    if rec is not None:
+        try:
+            return int(rec.value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    m = re.search(r"seed[_-]?(\d+)", str(path))
+    return int(m.group(1)) if m else None
+
+
+def _number(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return x
+
+
+def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool = True,
+              seed: int | None = None) -> dict:
+    """Score one run's log. Never raises on bad log content.
+
+    Returns the run.json content: file, seed, benchmark, minutes, status,
+    converged, target_reached, samples_to_converge, global_batch_size, evals,
+    compliance {checked, pass, reasons}, counted, reasons, problems.
+    """
+    path = Path(log_path)
+    log = parse_log(path)
+    reasons: list[str] = []
+    run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _seed_of(log, path)}
+
+    logged_bench = log.value("submission_benchmark")
+    run["benchmark"] = logged_bench if isinstance(logged_bench, str) else None
+    expected = {rules.benchmark, rules.mlperf_benchmark} - {None}
+    if run["benchmark"] is not None and run["benchmark"] not in expected:
+        reasons.append(f"log is for benchmark {run['benchmark']}, not {rules.mlperf_benchmark or rules.benchmark}")
+
+    start, stop = log.first("run_start"), log.first("run_stop")
+    minutes = None
+    if start is None:
+        reasons.append("run_start missing")
+    if stop is None:
+        reasons.append("run_stop missing")
+    if start is not None and stop is not None:
+        # Same arithmetic as result_summarizer, so the rounding matches too.
+        minutes = (stop.time_ms - start.time_ms) / 60 / 1000
+        if minutes <= 0:
+            reasons.append("run_stop is not after run_start")
+            minutes = None
+    run["minutes"] = minutes
+    status = stop.metadata.get("status") if stop is not None else None
+    run["status"] = status if isinstance(status, str) else None
+    if stop is not None and run["status"] != "success":
+        reasons.append(f"run_stop status is {run['status'] or 'missing'}, not success")
+
+    # Evaluations up to run_stop; samples-to-converge is the sample count of
+    # the last one, as rcp_checker reads it.
+    stop_index = log.records.index(stop) if stop is not None else len(log.records)
+    evals: list[list[float]] = []
+    last_samples = None
+    for rec in log.records[:stop_index]:
+        if rec.key != rules.target_metric:
+            continue
+        samples = _number(rec.metadata.get("samples_count"))
+        value = _number(rec.value)
+        if samples is not None:
+            last_samples = samples
+        if value is not None:
+            evals.append([samples, value])
+    run["evals"] = evals
+    run["target_reached"] = any(rules.target_met(v) for _, v in evals)
+    if not evals:
+        reasons.append(f"no {rules.target_metric} evaluation logged")
+    elif not run["target_reached"]:
+        best = (min if rules.target_direction == "<=" else max)(v for _, v in evals)
+        reasons.append(f"target {rules.target_metric} {rules.target_direction} {rules.target_value:g} not reached "
+                       f"(best {best:g})")
+    run["converged"] = run["status"] == "success" and run["target_reached"]
+    run["samples_to_converge"] = last_samples if run["status"] == "success" else None
+    gbs = log.last("global_batch_size")
+    run["global_batch_size"] = _number(gbs.value) if gbs is not None else None
+
+    if rules.mlperf_benchmark and run_compliance:
+        verdict = _compliance_of(log, rules)
+        if verdict.checked and not verdict.passed:
+            reasons.append("compliance checker failed")
+    elif rules.mlperf_benchmark:
+        verdict = checkers.Verdict(False, None, ["compliance check skipped"])
+    else:
+        verdict = checkers.Verdict(False, None, [f"no MLPerf ruleset for {rules.benchmark}: generic checks only"])
+    run["compliance"] = verdict.to_dict()
+    run["counted"] = not reasons
+    run["reasons"] = reasons
+    run["problems"] = list(log.problems)
+    return run
+
+
+def _compliance_of(log: ParsedLog, rules: Rules) -> checkers.Verdict:
+    """Run the official checker on the clean MLLOG text of the run."""
+    if not log.records:
+        return checkers.Verdict(True, False, ["no MLLOG records"])
+    tmp = Path(tempfile.mkdtemp(prefix="mlrepro-run-"))
+    try:
+        clean = tmp / "result_0.txt"
+        clean.write_bytes(log.to_bytes())
+        return checkers.check_compliance(clean, ruleset=rules.ruleset, usage=rules.usage)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- many runs
+
+
+def olympic_mean(minutes: Sequence[float], failed: int, max_failed: int = 1) -> float | None:
+    """result_summarizer's olympic average.
+
+    `minutes` are the run times of the runs that count; `failed` runs were
+    dropped already and stand for the slowest ones. The fastest `max_failed`
+    and the slowest (max_failed − failed) are dropped and the rest averaged.
+    None when too many failed or nothing is left.
+    """
+    if failed > max_failed:
+        return None
+    scores = sorted(minutes)
+    countable = scores[max_failed:len(scores) - (max_failed - failed)]
+    if not countable:
+        return None
+    return sum(countable) * 1.0 / len(countable)
+
+
+def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Sequence[dict] | None = None,
+               run_compliance: bool = True) -> dict:
+    """Score a set of runs of one benchmark: the score.json content.
+
+    `runs` may hold precomputed ``score_run`` results (e.g. read back from each
+    seed's run.json) so compliance is not run twice; otherwise each log in
+    `log_paths` is scored here.
+    """
+    if runs is None:
+        runs = [score_run(p, rules, run_compliance=run_compliance) for p in log_paths]
+    runs = [dict(r, reasons=list(r.get("reasons") or [])) for r in runs]
+    reasons: list[str] = []
+
+    seen: dict[Any, str] = {}
+    for run in runs:
+        seed = run.get("seed")
+        run["duplicate"] = False
+        if seed is None:
+            continue
+        if seed in seen:
+            run["duplicate"] = True
+            run["counted"] = False
+            run["reasons"].append(f"duplicate seed {seed} (also in {seen[seed]}); not scored")
+        else:
+            seen[seed] = run.get("file")
+    distinct = [r for r in runs if not r["duplicate"]]
+    counted = [r for r in distinct if r.get("counted") and r.get("minutes") is not None]
+    failed = [r for r in distinct if r not in counted]
+
+    if not runs:
+        reasons.append("no runs found")
+    if len(distinct) < rules.required_runs:
+        reasons.append(f"{len(distinct)} distinct runs, {rules.benchmark} needs {rules.required_runs}")
+    elif rules.mlperf_benchmark and len(distinct) > rules.required_runs:
+        reasons.append(f"{len(distinct)} runs, MLPerf {rules.mlperf_benchmark} takes exactly {rules.required_runs}")
+    if len(failed) > rules.max_failed_runs:
+        names = ", ".join(_run_name(r) for r in failed)
+        reasons.append(f"{len(failed)} runs failed or did not converge ({names}); at most "
+                       f"{rules.max_failed_runs} allowed")
+    olympic = olympic_mean([r["minutes"] for r in counted], len(failed), rules.max_failed_runs)
+    if olympic is None and len(failed) <= rules.max_failed_runs and runs:
+        reasons.append("not enough runs left for an olympic mean")
+
+    if rules.mlperf_benchmark:
+        rcp = checkers.check_rcp(
+            [checkers.RcpRun(r.get("status") == "success", r.get("samples_to_converge"), r.get("global_batch_size"))
+             for r in distinct],
+            benchmark=rules.mlperf_benchmark, ruleset=rules.ruleset, usage=rules.usage)
+        if rcp["checked"] and not rcp["pass"]:
+            reasons.append(f"RCP check failed: {rcp['reason']}")
+        elif not rcp["checked"]:
+            reasons.append(f"RCP check not possible: {rcp['reason']}")
+    else:
+        rcp = {"checked": False, "pass": None, "scaling_factor": 1.0,
+               "reason": f"no MLPerf ruleset for {rules.benchmark}: no reference convergence points"}
+    score = olympic * rcp["scaling_factor"] if olympic is not None else None
+    return {
+        "benchmark": rules.benchmark,
+        "mlperf_benchmark": rules.mlperf_benchmark,
+        "ruleset": rules.ruleset,
+        "required_runs": rules.required_runs,
+        "target": rules.target,
+        "runs": runs,
+        "runs_counted": len(counted),
+        "runs_failed": len(failed),
+        "olympic_minutes": olympic,
+        "rcp": rcp,
+        "score_minutes": score,
+        "valid": score is not None and not reasons,
+        "reasons": reasons,
+        "tools": {"mlperf_logging": checkers.mlperf_logging_version()},
+    }
+
+
+def _run_name(run: dict) -> str:
+    return f"seed {run['seed']}" if run.get("seed") is not None else Path(str(run.get("file"))).name
+
+
+# ---------------------------------------------------------------- files
+
+
+def collect_logs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[str]]:
+    """The log files named by `paths` (files, or folders searched recursively).
+
+    In a folder holding result_*.txt (an MLPerf package) only those are taken;
+    in one holding our mllog.txt only that one (the raw log beside it is the
+    same run); otherwise every file with MLLOG lines.
+    """
+    files: list[Path] = []
+    notes: list[str] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            files.append(p)
+        elif p.is_dir():
+            found = _logs_in_dir(p)
+            if not found:
+                notes.append(f"no MLLOG logs in {p}")
+            files.extend(found)
+        else:
+            notes.append(f"{p} does not exist")
+    unique, seen = [], set()
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique, notes
+
+
+def _logs_in_dir(root: Path) -> list[Path]:
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        names = sorted(n for n in filenames if not n.startswith("."))
+        results = [n for n in names if re.fullmatch(r"result_\d+\.txt", n)]
+        if results:
+            chosen = sorted(results, key=lambda n: int(n[7:-4]))
+        elif "mllog.txt" in names:
+            chosen = ["mllog.txt"]
+        else:
+            chosen = [n for n in names if Path(n).suffix.lower() in _LOG_SUFFIXES]
+        out.extend(Path(dirpath) / n for n in chosen if contains_mllog(Path(dirpath) / n))
+    return out
+
+
+def _config_target(benchmark: str) -> dict:
+    """required_runs/target from config/benchmarks/<benchmark>.yaml, if there is one."""
+    import yaml
+
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        cfg = base / "config" / "benchmarks" / f"{benchmark}.yaml"
+        if cfg.is_file():
+            try:
+                data = yaml.safe_load(cfg.read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise RulesError(f"cannot read {cfg}: {exc}") from None
+            return data if isinstance(data, dict) else {}
+    return {}
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="log files or folders of them")
+    parser.add_argument("--benchmark", required=True,
+                        help="llama2_70b_lora, llama31_405b (or our names: llama2_lora), or mini_lora")
+    parser.add_argument("--ruleset", default=None, help=f"MLPerf ruleset (default {DEFAULT_RULESET})")
+    parser.add_argument("--json", metavar="FILE", help="write the full result as JSON to FILE")
+    parser.add_argument("--target", help="override the target, e.g. eval_loss<=3.5")
+    parser.add_argument("--required-runs", type=int, help="override the number of runs required")
+    parser.add_argument("--no-compliance", action="store_true", help="skip the official compliance checker")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        name = ALIASES.get(args.benchmark, args.benchmark)
+        target, required = args.target, args.required_runs
+        if name not in MLPERF_TARGETS:
+            cfg = _config_target(args.benchmark)
+            target = target or cfg.get("target")
+            required = required or cfg.get("required_runs") or 10
+        rules = rules_for(args.benchmark, ruleset=args.ruleset, required_runs=required, target=target)
+    except RulesError as exc:
+        print(f"mlrepro score: {exc}", file=sys.stderr)
+        return 2
+    files, notes = collect_logs(args.paths)
+    result = score_runs(files, rules, run_compliance=not args.no_compliance)
+    result["reasons"] = notes + result["reasons"]
+    print(format_summary(result))
+    if args.json:
+        try:
+            atomic_write_json(args.json, result)
+        except OSError as exc:
+            print(f"mlrepro score: cannot write {args.json}: {exc}", file=sys.stderr)
+            return 1
+    return 0 if result["valid"] else 1
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_summary(score: dict) -> str:
+    """A human-readable summary of a score dict."""
+    rules_line = (f"MLPerf Training {score['ruleset']} ({score['mlperf_benchmark']})" if score.get("mlperf_benchmark")
+                  else "no MLPerf ruleset: generic checks")
+    t = score["target"]
+    lines = [f"benchmark {score['benchmark']}: {rules_line}; target {t['metric']} {t['direction']} {t['value']:g}; "
+             f"{score['required_runs']} runs required", ""]
+    header = f"{'seed':>8}  {'minutes':>10}  {'status':<9} {'samples':>9}  {'compliance':<10}  verdict"
+    lines += [header, "-" * len(header)]
+    for r in score["runs"]:
+        comp = r.get("compliance") or {}
+        comp_s = "-" if not comp.get("checked") else ("pass" if comp.get("pass") else "FAIL")
+        verdict = "counted" if r.get("counted") else "NOT counted: " + "; ".join(r.get("reasons") or ["?"])
+        samples = r.get("samples_to_converge")
+        lines.append(f"{str(r.get('seed')):>8}  {_fmt(r.get('minutes')):>10}  {str(r.get('status')):<9} "
+                     f"{_fmt(samples, 'g') if samples is not None else '-':>9}  {comp_s:<10}  {verdict}")
+        for prob in (r.get("problems") or [])[:3]:
+            lines.append(f"{'':>10}problem: {prob}")
+    rcp = score["rcp"]
+    rcp_s = ("not checked: " if not rcp["checked"] else ("PASS: " if rcp["pass"] else "FAIL: ")) + rcp["reason"]
+    lines += ["", f"olympic mean   {_fmt(score['olympic_minutes'])} min",
+              f"RCP            {rcp_s}", f"scaling factor {rcp['scaling_factor']:.6f}",
+              f"score          {_fmt(score['score_minutes'])} min  ({'VALID' if score['valid'] else 'NOT VALID'})"]
+    lines += [f"  why not valid: {r}" for r in score["reasons"]]
+    return "\n".join(lines)
+
+
+def read_run_json(path: str | os.PathLike) -> dict:
+    """A run.json written from ``score_run`` (for ``score_runs(runs=...)``)."""
+    return json.loads(Path(path).read_text())
+
+
+__all__ = ["Rules", "RulesError", "rules_for", "score_run", "score_runs", "olympic_mean", "collect_logs",
+           "format_summary", "add_arguments", "run"]

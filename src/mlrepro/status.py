@@ -1,0 +1,233 @@
+"""`mlrepro status results/<benchmark>`: each seed's state, live from Slurm.
+
+Reads the seed folders the launch stage writes (results/<benchmark>/seed_<N>/):
+
+    job.json      {"job_id", "submitted", "sbatch", "attempt", "nodes"}  submitted to Slurm
+    failure.json  {"reason", "state", "exit_code", "job_id", "nodes"}    the last attempt failed
+    run.json      {"seed", "minutes", "status", "converged", ...}        the run finished
+    mllog.txt                                                            its MLPerf log
+
+and asks Slurm (sacct, then squeue) about seeds that have a job but no result yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from mlrepro import slurm
+
+SEED_DIR = re.compile(r"^seed_(\d+)$")
+
+# What a seed is, in the user's words.
+DONE = "done"
+FAILED = "failed"
+RUNNING = "running"
+PENDING = "pending"
+FINISHING = "finishing"  # the Slurm job completed; its results are not collected yet
+SUBMITTED = "submitted"  # a job id is recorded but Slurm cannot say more
+NOT_STARTED = "not started"
+MISSING = "missing"
+
+_SUCCESS_STATUSES = {"success", "succeeded", "done", "ok", "completed", "complete"}
+
+
+@dataclass
+class SeedStatus:
+    seed: int
+    state: str
+    job_id: str | None = None
+    slurm_state: str | None = None
+    elapsed_seconds: float | None = None
+    nodes: list[str] | None = None
+    reason: str | None = None
+    attempt: int | None = None
+    converged: bool | None = None
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"1-10", "0,2,5", "1-3,7" -> sorted seed numbers."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError(f"not a seed list: {text!r} (write e.g. 1-10 or 1,2,5)")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f"seed range {part!r} runs backwards")
+        seeds.update(range(lo, hi + 1))
+    return sorted(seeds)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return {"_unreadable": f"{path.name} is unreadable: {exc}"}
+    return data if isinstance(data, dict) else {"_unreadable": f"{path.name} is not a JSON object"}
+
+
+def _nodes(value) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return slurm.expand_hostlist(value)
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return None  # a node count, not names
+
+
+def seed_status(seed: int, folder: Path,
+                job_info: Callable[[str], slurm.JobInfo] | None = None) -> SeedStatus:
+    """The state of one seed from its folder and, if it has a live job, from Slurm."""
+    if not folder.is_dir():
+        return SeedStatus(seed=seed, state=MISSING)
+    job = _read_json(folder / "job.json")
+    failure = _read_json(folder / "failure.json")
+    result = _read_json(folder / "run.json")
+
+    if result is not None and "_unreadable" not in result and (folder / "mllog.txt").is_file():
+        status = str(result.get("status", "success")).lower()
+        minutes = result.get("minutes")
+        converged = result.get("converged")
+        if status in _SUCCESS_STATUSES:
+            return SeedStatus(
+                seed=seed, state=DONE, job_id=(job or {}).get("job_id"),
+                elapsed_seconds=float(minutes) * 60 if isinstance(minutes, (int, float)) else None,
+                nodes=_nodes((job or {}).get("nodes")), attempt=(job or {}).get("attempt"),
+                converged=converged if isinstance(converged, bool) else None,
+                reason=None if converged is not False else "did not converge",
+            )
+        return SeedStatus(seed=seed, state=FAILED, job_id=(job or {}).get("job_id"),
+                          reason=f"run ended with status {status!r}", attempt=(job or {}).get("attempt"))
+
+    job_id = str(job["job_id"]) if job and job.get("job_id") not in (None, "") else None
+    failure_is_current = failure is not None and (
+        job_id is None or str(failure.get("job_id", "")) == job_id
+        or (folder / "failure.json").stat().st_mtime >= (folder / "job.json").stat().st_mtime)
+
+    if failure is not None and failure_is_current:
+        reason = failure.get("_unreadable") or failure.get("reason") or failure.get("state") or "failed"
+        exit_code = failure.get("exit_code")
+        if exit_code not in (None, 0) and "exit" not in str(reason):
+            reason = f"{reason} (exit code {exit_code})"
+        return SeedStatus(seed=seed, state=FAILED, job_id=str(failure.get("job_id") or job_id or "") or None,
+                          slurm_state=failure.get("state"), nodes=_nodes(failure.get("nodes")),
+                          reason=str(reason), attempt=(job or {}).get("attempt"))
+
+    if job is not None and "_unreadable" in job:
+        return SeedStatus(seed=seed, state=SUBMITTED, reason=job["_unreadable"])
+    if job_id is None:
+        return SeedStatus(seed=seed, state=NOT_STARTED)
+
+    status = SeedStatus(seed=seed, state=SUBMITTED, job_id=job_id, attempt=job.get("attempt"),
+                        nodes=_nodes(job.get("nodes")))
+    if job_info is None:
+        status.reason = "not asked Slurm"
+        return status
+    try:
+        info = job_info(job_id)
+    except slurm.SlurmError as exc:
+        status.reason = f"Slurm did not answer: {exc}"
+        return status
+    status.slurm_state = info.state
+    status.elapsed_seconds = info.elapsed_seconds
+    if info.nodes:
+        status.nodes = info.nodes
+    if info.state == slurm.PENDING:
+        status.state, status.reason = PENDING, info.reason
+    elif info.state == slurm.RUNNING:
+        status.state = RUNNING
+    elif info.state == slurm.COMPLETED:
+        status.state, status.reason = FINISHING, "job completed; results not collected yet"
+    elif info.terminal:
+        status.state = FAILED
+        detail = f" (exit code {info.exit_code})" if info.exit_code not in (None, 0) else ""
+        status.reason = f"{info.state}{detail}"
+    else:
+        status.reason = "Slurm does not know this job (any more)"
+    return status
+
+
+def benchmark_status(benchmark_dir: Path, seeds: Iterable[int] | None = None,
+                     job_info: Callable[[str], slurm.JobInfo] | None = None) -> list[SeedStatus]:
+    """Every seed's status: the seed folders found plus any expected `seeds` without one."""
+    found = {}
+    for child in benchmark_dir.iterdir():
+        m = SEED_DIR.match(child.name)
+        if m and child.is_dir():
+            found[int(m.group(1))] = child
+    wanted = sorted(set(found) | set(seeds or ()))
+    return [seed_status(s, found.get(s, benchmark_dir / f"seed_{s}"), job_info) for s in wanted]
+
+
+def _format_elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def format_table(rows: list[SeedStatus]) -> str:
+    header = ("SEED", "STATE", "JOB", "ELAPSED", "NODES", "REASON")
+    lines = [header]
+    for r in rows:
+        lines.append((str(r.seed), r.state, r.job_id or "-", _format_elapsed(r.elapsed_seconds),
+                      ",".join(r.nodes) if r.nodes else "-", r.reason or ""))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1]).rstrip()
+                     for line in lines) + "\n"
+
+
+def summary(rows: list[SeedStatus]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    return counts
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("benchmark_dir", type=Path, help="a results/<benchmark> folder")
+    parser.add_argument("--seeds", help="seeds expected (e.g. 1-10): those without a folder show as missing")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--no-slurm", action="store_true", help="read only the seed folders; do not ask Slurm")
+    parser.add_argument("--status-command", choices=("sacct", "squeue"), default="sacct",
+                        help="how to ask Slurm about jobs (squeue where there is no accounting)")
+
+
+def run(args: argparse.Namespace) -> int:
+    folder: Path = args.benchmark_dir
+    if not folder.is_dir():
+        print(f"mlrepro status: {folder} is not a folder (expected results/<benchmark>)", file=sys.stderr)
+        return 2
+    try:
+        seeds = parse_seeds(args.seeds) if args.seeds else None
+    except ValueError as exc:
+        print(f"mlrepro status: {exc}", file=sys.stderr)
+        return 2
+    job_info = None if args.no_slurm else (lambda job_id: slurm.job_info(job_id,
+                                                                            status_command=args.status_command))
+    rows = benchmark_status(folder, seeds, job_info)
+    counts = summary(rows)
+    if args.json:
+        print(json.dumps({"benchmark": folder.name, "folder": str(folder), "counts": counts,
+                          "seeds": [asdict(r) for r in rows]}, indent=2))
+        return 0
+    if not rows:
+        print(f"{folder}: no seed folders (seed_<N>) yet")
+        return 0
+    print(format_table(rows), end="")
+    print(f"{len(rows)} seeds: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    return 0

@@ -1,0 +1,274 @@
+"""mlrepro.slurm: parsing and redaction without Slurm; submit/wait/cancel against the real local cluster."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlrepro import slurm
+
+# ---------------------------------------------------------------- fixture
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local cluster, brought up once (`mlrepro cluster up` is idempotent).
+
+    Outside CI a machine where it cannot be started (not root, no Slurm) skips;
+    in CI (CI=true) that is a failure.
+    """
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    if os.geteuid() != 0 and shutil.which("sinfo") is None and not in_ci:
+        pytest.skip("needs root (to start the local Slurm cluster) or a running one")
+    proc = subprocess.run([sys.executable, "-m", "mlrepro", "cluster", "up"], capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode != 0:
+        message = f"mlrepro cluster up failed:\n{proc.stderr[-3000:]}"
+        if in_ci or os.geteuid() == 0:
+            pytest.fail(message)
+        pytest.skip(message)
+    return proc
+
+
+def cluster_state_dir() -> Path:
+    from mlrepro.cluster import state_dir_from_env
+
+    return state_dir_from_env()
+
+
+def write_script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+# ---------------------------------------------------------------- unit: parsing
+
+# Lines as Debian's Slurm 22.05 sacct prints them for
+# `sacct -X -P -n -o JobIDRaw,State,ExitCode,NodeList,ElapsedRaw,Submit,Start,End,Reason,JobName`.
+SACCT_SAMPLE = """\
+1|COMPLETED|0:0|node[1-2]|4|2026-11-21T06:09:04|2026-11-21T06:09:05|2026-11-21T06:09:09|None|j.sh
+2|FAILED|3:0|node1|0|2026-11-21T06:09:33|2026-11-21T06:09:33|2026-11-21T06:09:33|None|f.sh
+3|CANCELLED by 0|0:15|node1|2|2026-11-21T06:09:33|2026-11-21T06:09:33|2026-11-21T06:09:35|None|s.sh
+4|PENDING|0:0|None assigned|0|2026-11-21T06:10:00|Unknown|Unknown|Resources|mlrepro|seed 4
+"""
+
+
+def test_parse_sacct_normalizes_states_exit_codes_and_nodes():
+    jobs = slurm.parse_sacct(SACCT_SAMPLE)
+    assert [j.job_id for j in jobs] == ["1", "2", "3", "4"]
+    assert [j.state for j in jobs] == ["COMPLETED", "FAILED", "CANCELLED", "PENDING"]
+    assert jobs[0].nodes == ["node1", "node2"] and jobs[0].elapsed_seconds == 4
+    assert (jobs[1].exit_code, jobs[1].signal) == (3, 0)
+    assert jobs[2].raw_state == "CANCELLED by 0" and jobs[2].signal == 15
+    pending = jobs[3]
+    assert pending.nodes == [] and pending.start is None and pending.end is None
+    assert pending.reason == "Resources"
+    assert pending.name == "mlrepro|seed 4"  # a '|' in the job name survives
+    assert [j.terminal for j in jobs] == [True, True, True, False]
+
+
+def test_parse_sacct_rejects_a_short_line():
+    with pytest.raises(slurm.SlurmError, match="unexpected sacct line"):
+        slurm.parse_sacct("12|COMPLETED|0:0\n")
+
+
+def test_parse_squeue_reads_running_and_pending_jobs():
+    text = ("7|RUNNING|node[1-2]|1:02:03|2026-11-21T06:09:04|2026-11-21T06:09:05|None|seed_1\n"
+            "8|PENDING||0:00|2026-11-21T06:09:04|N/A|Resources|seed_2\n")
+    running, pending = slurm.parse_squeue(text)
+    assert running.state == "RUNNING" and running.nodes == ["node1", "node2"]
+    assert running.elapsed_seconds == 3723
+    assert pending.state == "PENDING" and pending.reason == "Resources" and pending.start is None
+
+
+SCONTROL_SAMPLE = (
+    "JobId=6 JobName=mini lora seed 3 UserId=root(0) GroupId=root(0) JobState=FAILED Reason=NonZeroExitCode "
+    "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=3:0 RunTime=00:01:05 TimeLimit=00:05:00 "
+    "SubmitTime=2026-11-21T06:10:35 StartTime=2026-11-21T06:10:36 EndTime=2026-11-21T06:11:41 "
+    "Partition=debug AllocNode:Sid=localhost:4546 NodeList=node[1-2] BatchHost=node1 NumNodes=2 "
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:* Command=/tmp/run.sub WorkDir=/work StdOut=/tmp/x.out Power= "
+    "TresPerNode=gres:gpu:4 \n")
+
+
+def test_parse_scontrol_job():
+    info = slurm.parse_scontrol_job(SCONTROL_SAMPLE)
+    assert (info.job_id, info.name, info.state, info.exit_code) == ("6", "mini lora seed 3", "FAILED", 3)
+    assert info.nodes == ["node1", "node2"] and info.elapsed_seconds == 65 and info.reason == "NonZeroExitCode"
+    assert info.start == "2026-11-21T06:10:36" and info.end == "2026-11-21T06:11:41"
+    pending = slurm.parse_scontrol_job(SCONTROL_SAMPLE.replace("JobState=FAILED", "JobState=PENDING"))
+    assert pending.state == "PENDING" and pending.nodes == [] and pending.end is None
+    assert slurm.parse_scontrol_job("") is None
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("COMPLETED", "COMPLETED"), ("CANCELLED by 1000", "CANCELLED"), ("COMPLETING", "RUNNING"),
+    ("CONFIGURING", "RUNNING"), ("REQUEUED", "PENDING"), ("BOOT_FAIL", "NODE_FAIL"), ("DEADLINE", "TIMEOUT"),
+    ("OUT_OF_MEMORY", "OUT_OF_MEMORY"), ("PREEMPTED", "PREEMPTED"), ("CD", "COMPLETED"), ("TO", "TIMEOUT"),
+    ("RUNNING+", "RUNNING"), ("", "UNKNOWN"), ("WHATEVER", "UNKNOWN"),
+])
+def test_normalize_state(raw, expected):
+    assert slurm.normalize_state(raw) == expected
+
+
+def test_terminal_states():
+    assert all(slurm.is_terminal(s) for s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                                              "OUT_OF_MEMORY", "PREEMPTED", "CANCELLED by 0"))
+    assert not any(slurm.is_terminal(s) for s in ("PENDING", "RUNNING", "UNKNOWN", "COMPLETING"))
+
+
+@pytest.mark.parametrize("text,hosts", [
+    ("node[1-2]", ["node1", "node2"]),
+    ("gpu[01-03,07],login", ["gpu01", "gpu02", "gpu03", "gpu07", "login"]),
+    ("r[1-2]n[3-4]", ["r1n3", "r1n4", "r2n3", "r2n4"]),
+    ("n1,n2", ["n1", "n2"]),
+    ("None assigned", []),
+    ("", []),
+])
+def test_expand_hostlist(text, hosts):
+    assert slurm.expand_hostlist(text) == hosts
+
+
+def test_parse_duration():
+    assert slurm.parse_duration("1-02:03:04") == 93784
+    assert slurm.parse_duration("03:04") == 184
+    assert slurm.parse_duration("1:00:00") == 3600
+    assert slurm.parse_duration("INVALID") is None
+
+
+# ---------------------------------------------------------------- unit: redaction and command line
+
+
+def test_redaction_hides_secret_values_everywhere():
+    env = {"HF_TOKEN": "hf_abcdef123456", "WANDB_API_KEY": "k3y-value", "SEED": "7", "DB_PASSWORD": "pw1234"}
+    assert slurm.redact_env(env) == {"HF_TOKEN": "***", "WANDB_API_KEY": "***", "SEED": "7", "DB_PASSWORD": "***"}
+    text = "error: HF_TOKEN=hf_abcdef123456 and again hf_abcdef123456, SEED=7"
+    redacted = slurm.redact_text(text, env)
+    assert "hf_abcdef123456" not in redacted and "SEED=7" in redacted
+    command = slurm.redact_command(["sbatch", "--export=ALL,HF_TOKEN=hf_abcdef123456", "run.sub"], env)
+    assert command == ["sbatch", "--export=ALL,HF_TOKEN=***", "run.sub"]
+    # a NAME=value pair with a secret-looking name is hidden even when the value is unknown
+    assert slurm.redact_text("MY_SECRET=zzz OTHER=1", {}) == "MY_SECRET=*** OTHER=1"
+    assert not slurm.is_secret_name("SEED") and not slurm.is_secret_name("DGXNNODES")
+
+
+def test_sbatch_command_carries_each_option_once():
+    command = slurm.sbatch_command(
+        "impl/run.sub", nodes=2, time_minutes=12.5, partition="debug", account="acct",
+        exclude=["node2", "node1", "node2"], job_name="mini_lora-seed_3", output="results/seed_3/slurm-%j.out",
+        extra_args=["--gpus-per-node=4"], workdir="impl")
+    assert command == [
+        "sbatch", "--parsable", "--export=ALL", "--job-name=mini_lora-seed_3", "--nodes=2", "--time=13",
+        "--partition=debug", "--account=acct", "--exclude=node1,node2", "--output=results/seed_3/slurm-%j.out",
+        "--chdir=impl", "--gpus-per-node=4", "impl/run.sub"]
+    assert slurm.sbatch_command("run.sub") == ["sbatch", "--parsable", "--export=ALL", "run.sub"]
+    with pytest.raises(ValueError, match="nodes"):
+        slurm.sbatch_command("run.sub", nodes=0)
+
+
+def test_submit_of_a_missing_script_names_it(tmp_path):
+    with pytest.raises(slurm.SlurmError, match="does not exist"):
+        slurm.submit(tmp_path / "nope.sub", env={})
+
+
+# ---------------------------------------------------------------- real cluster
+
+
+@pytest.mark.slurm
+def test_eight_tasks_over_two_nodes_complete(slurm_cluster, tmp_path, caplog):
+    script = write_script(tmp_path / "tasks.sub",
+                          'echo "batch gpus=$SLURM_GPUS_ON_NODE visible=$CUDA_VISIBLE_DEVICES seed=$SEED"\n'
+                          'srun bash -c \'echo "task $SLURM_PROCID on $SLURMD_NODENAME"\'\n')
+    out = tmp_path / "tasks.out"
+    secret = "hf_secret_value_123"
+    seen: list[str] = []
+    caplog.set_level(logging.DEBUG, logger="mlrepro.slurm")
+    t0 = time.monotonic()
+    job_id = slurm.submit(script, nodes=2, time_minutes=5, partition="debug", job_name="mlrepro-test-tasks",
+                          output=out, env={"SEED": "42", "HF_TOKEN": secret},
+                          extra_args=["--ntasks-per-node=4", "--gpus-per-node=4"])
+    info = slurm.wait(job_id, poll_seconds=0.5, on_state=lambda i: seen.append(i.state), timeout_seconds=120)
+    assert info.state == "COMPLETED", info
+    assert info.exit_code == 0 and info.nodes == ["node1", "node2"] and info.name == "mlrepro-test-tasks"
+    assert seen[-1] == "COMPLETED" and len(seen) == len(set(seen))
+    lines = out.read_text().splitlines()
+    (batch,) = [line for line in lines if line.startswith("batch ")]
+    assert batch.startswith("batch gpus=4 ") and batch.endswith(" seed=42")
+    # Slurm sets CUDA_VISIBLE_DEVICES only where the GPU stand-ins are device
+    # files (mknod allowed), which is the case on a root Debian machine.
+    gpu0 = cluster_state_dir() / "gpus" / "node1" / "gpu0"
+    if stat.S_ISCHR(gpu0.stat().st_mode):
+        assert "visible=0,1,2,3 " in batch
+    tasks = sorted(line for line in lines if line.startswith("task "))
+    assert len(tasks) == 8
+    assert {t.split()[-1] for t in tasks} == {"node1", "node2"}
+    assert {int(t.split()[1]) for t in tasks} == set(range(8))
+    # the secret reached the job's environment but not the log
+    assert secret not in caplog.text and "submitting: sbatch" in caplog.text
+    assert time.monotonic() - t0 < 60
+    found = slurm.find_jobs("mlrepro-test-tasks")
+    assert job_id in [j.job_id for j in found]
+
+
+@pytest.mark.slurm
+def test_failing_script_gives_failed_with_its_exit_code(slurm_cluster, tmp_path):
+    script = write_script(tmp_path / "fail.sub", "echo about to fail\nexit 3\n")
+    job_id = slurm.submit(script, output=tmp_path / "fail.out", env={}, job_name="mlrepro-test-fail")
+    info = slurm.wait(job_id, poll_seconds=0.5, timeout_seconds=120)
+    assert (info.state, info.exit_code) == ("FAILED", 3)
+    assert slurm.job_info(job_id).state == "FAILED"
+
+
+@pytest.mark.slurm
+def test_scancel_gives_cancelled(slurm_cluster, tmp_path):
+    script = write_script(tmp_path / "sleep.sub", "sleep 300\n")
+    job_id = slurm.submit(script, output=tmp_path / "sleep.out", env={}, job_name="mlrepro-test-cancel")
+    deadline = time.monotonic() + 60
+    while slurm.job_info(job_id).state != "RUNNING":
+        assert time.monotonic() < deadline, "job did not start within 60 s"
+        time.sleep(0.3)
+    running = [j for j in slurm.find_jobs("mlrepro-test-cancel") if j.job_id == job_id]
+    assert running and running[0].state == "RUNNING"
+    slurm.cancel(job_id)
+    info = slurm.wait(job_id, poll_seconds=0.5, timeout_seconds=60)
+    assert info.state == "CANCELLED"
+
+
+@pytest.mark.slurm
+def test_sbatch_refusal_carries_slurms_message(slurm_cluster, tmp_path):
+    script = write_script(tmp_path / "ok.sub", "true\n")
+    with pytest.raises(slurm.SlurmError, match="(?i)invalid partition"):
+        slurm.submit(script, partition="no-such-partition", env={}, job_name="mlrepro-test-refused")
+    # each node has 4 GPUs: a request for 5 per node can never be met
+    with pytest.raises(slurm.SlurmError, match="(?i)requested node configuration is not available"):
+        slurm.submit(script, env={}, job_name="mlrepro-test-refused", extra_args=["--gpus-per-node=5"])
+    # Slurm records a refused submission in accounting as a FAILED job, but
+    # nothing of it is queued or running.
+    assert all(j.terminal for j in slurm.find_jobs("mlrepro-test-refused"))
+
+
+@pytest.mark.slurm
+def test_unknown_job_is_unknown(slurm_cluster):
+    info = slurm.job_info("987654321")
+    assert info.state == "UNKNOWN" and not info.terminal
+    with pytest.raises(slurm.SlurmError, match="does not know"):
+        slurm.wait("987654321", poll_seconds=0.2, unknown_grace_seconds=0.5)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_job_over_its_time_limit_gives_timeout(slurm_cluster, tmp_path):
+    script = write_script(tmp_path / "long.sub", "sleep 600\n")
+    job_id = slurm.submit(script, time_minutes=1, output=tmp_path / "long.out", env={},
+                          job_name="mlrepro-test-timeout")
+    info = slurm.wait(job_id, poll_seconds=1, timeout_seconds=200)
+    assert info.state == "TIMEOUT"
+    assert 60 <= info.elapsed_seconds <= 150

@@ -1,0 +1,125 @@
+"""The real snakemake on the real miniature: the whole DAG, reruns, kills, bad config.
+
+One workspace runs the full 10-seed pipeline once (module fixture); the tests around it
+check what a user relies on: a second invocation runs nothing, a deleted seed is the only
+one recomputed, a killed workflow leaves no target a rerun would trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workspace import make_workspace, planned_jobs, run_snakemake, snakemake_cmd
+
+pytestmark = pytest.mark.slow
+
+TARGET = "results/mini_lora/score.json"
+PROFILE = ("--profile", "profiles/local")
+
+
+def test_bad_config_stops_before_any_job(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    bench = ws / "config" / "benchmarks" / "mini_lora.yaml"
+    data = yaml.safe_load(bench.read_text())
+    data["required_runs"] = -3
+    bench.write_text(yaml.safe_dump(data))
+    proc = run_snakemake(ws, *PROFILE, TARGET, check=False, timeout=120)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "config/benchmarks/mini_lora.yaml" in out and "required_runs: -3" in out
+    assert not (ws / "results").exists() and not (ws / "resources").exists()
+
+
+def test_dry_run_plans_one_job_per_seed(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    proc = run_snakemake(ws, *PROFILE, TARGET, "-n", timeout=120)
+    jobs = planned_jobs(proc.stdout)
+    assert jobs["train_seed"] == 10 and jobs["score_seed"] == 10
+    assert jobs["dataset"] == 1 and jobs["base_checkpoint"] == 1 and jobs["score"] == 1
+    # the plan says what each seed will be given
+    assert proc.stdout.count("1 node x 2 GPUs (CPU_1x2x1xtp1pp1cp1)") == 10
+    assert not (ws / "results").exists()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A workspace whose first invocation was killed mid-seed, then run to the end."""
+    ws = make_workspace(tmp_path_factory.mktemp("mini") / "ws")
+    proc = subprocess.Popen(
+        snakemake_cmd(*PROFILE, TARGET), cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )
+    first_log = ws / "results" / "mini_lora" / "seed_1" / "run.log"
+    deadline = time.monotonic() + 600
+    # Kill once a seed is mid-run: its log shows training has started.
+    while time.monotonic() < deadline and proc.poll() is None:
+        if first_log.exists() and ":::MLLOG" in first_log.read_text(errors="replace"):
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.stdout.read()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = {"seed_dir": first_log.parent, "had_mllog": (first_log.parent / "mllog.txt").exists()}
+    # The dataset and checkpoint finished before seed 1 started; they must be trusted.
+    killed["plan_after_kill"] = planned_jobs(run_snakemake(ws, *PROFILE, TARGET, "-n").stdout)
+    started = time.monotonic()
+    run = run_snakemake(ws, *PROFILE, TARGET, "results/mini_lora/report.html")
+    return {"ws": ws, "killed": killed, "run": run, "seconds": time.monotonic() - started}
+
+
+def test_kill_mid_seed_leaves_no_trusted_target(finished):
+    killed = finished["killed"]
+    assert not killed["had_mllog"], "a killed seed left mllog.txt behind"
+    plan = killed["plan_after_kill"]
+    assert plan.get("train_seed") == 10 and "dataset" not in plan and "base_checkpoint" not in plan
+
+
+def test_full_run_scores_ten_seeds(finished):
+    ws = finished["ws"]
+    score = json.loads((ws / TARGET).read_text())
+    runs = score["runs"]
+    assert len(runs) == 10
+    assert sorted(r["seed"] for r in runs) == list(range(1, 11))
+    converged = [r for r in runs if r["converged"]]
+    assert len(converged) >= 9
+    minutes = sorted(r["minutes"] for r in runs if r["converged"])
+    assert score["valid"] is True
+    # olympic mean by the rule: drop the fastest and slowest of the 10 times
+    times = sorted(r["minutes"] if r["converged"] else float("inf") for r in runs)
+    assert score["olympic_minutes"] == pytest.approx(sum(times[1:-1]) / 8, rel=1e-6)
+    assert len(set(minutes)) > 1, "seeds should differ in time to train"
+    for seed in range(1, 11):
+        seed_dir = ws / "results" / "mini_lora" / f"seed_{seed}"
+        assert ":::MLLOG" in (seed_dir / "mllog.txt").read_text()
+        assert not (seed_dir / "failure.json").exists()
+    manifest = json.loads((ws / "resources/mini_lora/checkpoint/manifest.json").read_text())
+    assert any(f["path"].endswith(".safetensors") for f in manifest["files"])
+    assert (ws / "results/mini_lora/report.html").stat().st_size > 1000
+
+
+def test_second_invocation_runs_nothing(finished):
+    ws = finished["ws"]
+    proc = run_snakemake(ws, *PROFILE, TARGET, "-n")
+    assert planned_jobs(proc.stdout) == {}
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_deleted_seed_is_the_only_one_recomputed(finished):
+    ws = finished["ws"]
+    import shutil
+
+    others = {p: p.stat().st_mtime_ns for p in (ws / "results" / "mini_lora").glob("seed_*/mllog.txt") if "seed_4" not in str(p)}
+    shutil.rmtree(ws / "results" / "mini_lora" / "seed_4")
+    plan = planned_jobs(run_snakemake(ws, *PROFILE, TARGET, "-n").stdout)
+    assert plan == {"train_seed": 1, "score_seed": 1, "score": 1}
+    run_snakemake(ws, *PROFILE, TARGET)
+    assert (ws / "results" / "mini_lora" / "seed_4" / "mllog.txt").exists()
+    assert {p: p.stat().st_mtime_ns for p in others} == others

@@ -1,0 +1,22 @@
+# One run per seed. Inputs are ancient(): a finished seed is never rerun because an
+# upstream file was touched; delete its folder to run it again.
+rule train_seed:
+    input:
+        container=ancient("results/{benchmark}/container.json"),
+        dataset=ancient("resources/{benchmark}/data/manifest.json"),
+        checkpoint=ancient("resources/{benchmark}/checkpoint/manifest.json"),
+    output:
+        "results/{benchmark}/seed_{seed}/mllog.txt",
+    log:
+        "results/{benchmark}/seed_{seed}/run.log",
+    params:
+        plan=lambda wc: seed_plan(wc).describe(),
+    message:
+        "{wildcards.benchmark} seed {wildcards.seed}: {params.plan}"
+    threads: lambda wc: seed_plan(wc).local_threads
+    resources:
+        runtime=lambda wc: seed_plan(wc).walltime_minutes,
+    retries: lambda wc: SETTINGS.benchmark(wc.benchmark).retries
+    localrule: True
+    script:
+        "../scripts/stage.py"
