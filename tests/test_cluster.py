@@ -101,14 +101,9 @@ def mlrepro(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def cluster_up():
-    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-    if os.geteuid() != 0 and not in_ci:
-        pytest.skip("starting the local Slurm cluster needs root")
-    proc = mlrepro("cluster", "up")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+@pytest.fixture
+def cluster_up(slurm_cluster):
+    return slurm_cluster
 
 
 @pytest.mark.slurm

@@ -18,26 +18,6 @@ from mlrepro import slurm
 # ---------------------------------------------------------------- fixture
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """The local cluster, brought up once (`mlrepro cluster up` is idempotent).
-
-    Outside CI a machine where it cannot be started (not root, no Slurm) skips;
-    in CI (CI=true) that is a failure.
-    """
-    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-    if os.geteuid() != 0 and shutil.which("sinfo") is None and not in_ci:
-        pytest.skip("needs root (to start the local Slurm cluster) or a running one")
-    proc = subprocess.run([sys.executable, "-m", "mlrepro", "cluster", "up"], capture_output=True, text=True,
-                          timeout=900)
-    if proc.returncode != 0:
-        message = f"mlrepro cluster up failed:\n{proc.stderr[-3000:]}"
-        if in_ci or os.geteuid() == 0:
-            pytest.fail(message)
-        pytest.skip(message)
-    return proc
-
-
 def cluster_state_dir() -> Path:
     from mlrepro.cluster import state_dir_from_env
 

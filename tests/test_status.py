@@ -123,22 +123,6 @@ def test_cli_rejects_a_missing_folder(tmp_path, capsys):
     assert main(["status", str(tmp_path), "--seeds", "x"]) == 2
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    """The local cluster (`mlrepro cluster up`, idempotent); see tests/test_slurm.py."""
-    import os
-    import subprocess
-    import sys
-
-    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-    proc = subprocess.run([sys.executable, "-m", "mlrepro", "cluster", "up"], capture_output=True, text=True,
-                          timeout=900)
-    if proc.returncode != 0:
-        if in_ci or os.geteuid() == 0:
-            pytest.fail(f"mlrepro cluster up failed:\n{proc.stderr[-3000:]}")
-        pytest.skip("no local Slurm cluster (needs root)")
-
-
 @pytest.mark.slurm
 def test_status_follows_a_real_job(slurm_cluster, tmp_path, capsys):
     root = tmp_path / "results" / "mini_lora"

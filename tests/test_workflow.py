@@ -45,7 +45,7 @@ def test_dry_run_plans_one_job_per_seed(tmp_path):
     assert jobs["train_seed"] == 10 and jobs["score_seed"] == 10
     assert jobs["dataset"] == 1 and jobs["base_checkpoint"] == 1 and jobs["score"] == 1
     # the plan says what each seed will be given
-    assert proc.stdout.count("1 node x 2 GPUs (CPU_1x2x1xtp1pp1cp1)") == 10
+    assert proc.stdout.count("1 node x 2 GPUs (CPU_1x2x8xtp1pp1cp1)") == 10
     assert not (ws / "results").exists()
 
 

@@ -19,11 +19,12 @@ import math
 import os
 import sys
 import time
+import warnings
 
 ENVIRONMENT = """\
 required: DATADIR (train.npy, validation.npy), MODEL (base checkpoint), SEED
-optional: MAX_STEPS (800), LR (0.002), MINIBS (8, per rank), TP/PP/CP (must be 1),
-          TARGET_EVAL_LOSS (0.925), EVAL_EVERY (steps, 20), MAX_MINUTES (time budget;
+optional: MAX_STEPS (2000), LR (0.001), MINIBS (8, per rank), TP/PP/CP (must be 1),
+          TARGET_EVAL_LOSS (0.925), EVAL_EVERY (steps, 10), MAX_MINUTES (time budget;
           default WALLTIME_RUNANDTIME or 10), WARMUP_STEPS (0), WEIGHT_DECAY (0.0001),
           GRAD_CLIP (0.3), LORA_ALPHA (32), EVAL_BATCH (64), TORCH_NUM_THREADS,
           SUBMISSION_BENCHMARK (mini_lora), SUBMISSION_ORG, SUBMISSION_DIVISION (closed),
@@ -63,11 +64,11 @@ class Settings:
         self.data_dir = _env_str("DATADIR")
         self.model_dir = _env_str("MODEL")
         self.seed = _env_num("SEED", None, int)
-        self.max_steps = _env_num("MAX_STEPS", 800, int)
-        self.lr = _env_num("LR", 0.002, float)
+        self.max_steps = _env_num("MAX_STEPS", 2000, int)
+        self.lr = _env_num("LR", 0.001, float)
         self.minibs = _env_num("MINIBS", 8, int)
         self.target = _env_num("TARGET_EVAL_LOSS", 0.925, float)
-        self.eval_every = _env_num("EVAL_EVERY", 20, int)
+        self.eval_every = _env_num("EVAL_EVERY", 10, int)
         default_minutes = _env_num("WALLTIME_RUNANDTIME", 10.0, float)
         self.max_minutes = _env_num("MAX_MINUTES", default_minutes, float)
         self.warmup_steps = _env_num("WARMUP_STEPS", 0, int)
@@ -165,7 +166,10 @@ def main() -> int:
     from transformers import LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
+    # Progress bars and deprecation chatter from the libraries would bury the MLLOG stream.
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
     if not os.path.isfile(os.path.join(settings.model_dir, "config.json")):
         raise UsageError(f"MODEL={settings.model_dir} has no config.json (run scripts/download_model.py)")
     base = LlamaForCausalLM.from_pretrained(settings.model_dir, dtype=torch.float32)

@@ -128,14 +128,18 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
             partition=system.partition,
             account=system.account,
             exclude=system.exclude_nodes,
-            job_name=job_name(benchmark_name, seed),
+            job_name=job_name(benchmark_name, seed, seed_dir),
         )
         plan = SeedPlan(**{**plan.__dict__, "sbatch": tuple(cmd)})
     return plan
 
 
-def job_name(benchmark: str, seed: int) -> str:
-    return f"mlrepro-{benchmark}-seed{seed}"
+def job_name(benchmark: str, seed: int, seed_dir: Path) -> str:
+    """The seed's Slurm job name; the folder's hash keeps two checkouts' seeds apart on re-attach."""
+    import hashlib
+
+    where = hashlib.sha1(str(seed_dir.resolve()).encode()).hexdigest()[:8]
+    return f"mlrepro-{benchmark}-seed{seed}-{where}"
 
 
 def _now() -> str:
@@ -292,7 +296,7 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
         time_minutes=plan.walltime_minutes,
         partition=system.partition,
         account=system.account,
-        job_name=job_name(plan.benchmark, plan.seed),
+        job_name=job_name(plan.benchmark, plan.seed, plan.seed_dir),
         output=str(logdir / "slurm-%j.out"),
         env=_slurm_env(plan, logdir, _container_image(plan)),
         workdir=str(logdir),
@@ -327,18 +331,18 @@ def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
 
     job = _read_json(plan.seed_dir / "job.json")
     if job and job.get("scheduler") == "slurm":
-        info = slurm.job_info(job["job_id"])
+        info = slurm.job_info(job["job_id"], status_command=system.slurm_status_command)
         # UNKNOWN: Slurm has forgotten the job (purged from accounting); it cannot be waited for.
         if info.state != "UNKNOWN" and (not slurm.is_terminal(info.state) or not job.get("collected")):
             log.info("seed %d: re-attaching to Slurm job %s (%s)", plan.seed, job["job_id"], info.state)
             return job
     # A job submitted just before the workflow died may not have reached job.json.
-    for live in slurm.find_jobs(job_name(plan.benchmark, plan.seed)):
-        if job is None or live != job.get("job_id"):
-            log.info("seed %d: re-attaching to unrecorded Slurm job %s", plan.seed, live)
+    for live in slurm.find_jobs(job_name(plan.benchmark, plan.seed, plan.seed_dir), status_command=system.slurm_status_command):
+        if not live.terminal and (job is None or live.job_id != job.get("job_id")):
+            log.info("seed %d: re-attaching to unrecorded Slurm job %s", plan.seed, live.job_id)
             attempt = (job or {}).get("attempt", 0) + 1
             logdir = plan.seed_dir / f"attempt_{attempt}"
-            job = {"scheduler": "slurm", "job_id": live, "attempt": attempt, "logdir": str(logdir), "submitted": None}
+            job = {"scheduler": "slurm", "job_id": live.job_id, "attempt": attempt, "logdir": str(logdir), "submitted": None}
             atomic_write_json(plan.seed_dir / "job.json", job)
             return job
     return _submit(plan, system, attempt=(job or {}).get("attempt", 0) + 1)
@@ -350,7 +354,7 @@ def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     seed_dir = plan.seed_dir
     seed_dir.mkdir(parents=True, exist_ok=True)
     job = _attach_or_submit(plan, system)
-    info = slurm.wait(job["job_id"], poll_seconds=system.slurm_poll_seconds)
+    info = slurm.wait(job["job_id"], poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command)
     logs = sorted(Path(job["logdir"]).glob("*_1.log"))
     run_log.write_text("".join(p.read_text(errors="replace") for p in logs) if logs else "")
     atomic_write_json(seed_dir / "job.json", {**job, "collected": True, "state": info.state, "elapsed_s": info.elapsed_seconds})

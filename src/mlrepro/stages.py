@@ -74,14 +74,20 @@ def base_checkpoint(settings, benchmark: str, out: Path, log_path: Path) -> None
 
 
 def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -> None:
+    """Run the seed, retrying a failed attempt up to the benchmark's `retries` times."""
     plan = launch.plan_seed(settings, benchmark, seed)
     bench = settings.benchmark(benchmark)
+    run = launch.run_seed_slurm if plan.scheduler == "slurm" else launch.run_seed_local
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
-    if plan.scheduler == "slurm":
-        launch.run_seed_slurm(plan, settings.system, log_path)
-    else:
-        launch.run_seed_local(plan, settings.system, log_path)
-    launch.finish_seed(plan, log_path, out, bench.not_converged)
+    for attempt in range(bench.retries + 1):
+        try:
+            run(plan, settings.system, log_path)
+            launch.finish_seed(plan, log_path, out, bench.not_converged)
+            return
+        except launch.SeedFailed as exc:
+            if attempt == bench.retries:
+                raise
+            log.warning("%s; retrying (%d of %d)", exc, attempt + 1, bench.retries)
 
 
 def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:

@@ -16,7 +16,6 @@ rule train_seed:
     threads: lambda wc: seed_plan(wc).local_threads
     resources:
         runtime=lambda wc: seed_plan(wc).walltime_minutes,
-    retries: lambda wc: SETTINGS.benchmark(wc.benchmark).retries
     localrule: True
     script:
         "../scripts/stage.py"

@@ -76,6 +76,9 @@ def write_manifest(folder: Path, produced_by: dict) -> None:
 def pretrain(out: Path, seed: int) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     import synthetic_language as lang
 

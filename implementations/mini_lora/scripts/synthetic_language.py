@@ -22,19 +22,19 @@ import numpy as np
 
 GRAMMAR_SEED = 20250604
 
-PAD, BOS, EOS, SUMMARY = 0, 1, 2, 3
+PAD, BOS, EOS, SUMMARY, END = 0, 1, 2, 3, 4
 N_TOPICS = 16
 N_REGIONS = 8
 N_TONES = 8
 ENTITIES_PER_REGION = 4
 N_WORDS = 160
-TOPIC_BASE = 4
+TOPIC_BASE = 5
 REGION_BASE = TOPIC_BASE + N_TOPICS
 TONE_BASE = REGION_BASE + N_REGIONS
 STOP_BASE = TONE_BASE + N_TONES  # one sentence-ending mark per tone
 ENTITY_BASE = STOP_BASE + N_TONES
 WORD_BASE = ENTITY_BASE + N_REGIONS * ENTITIES_PER_REGION
-VOCAB_SIZE = 256  # WORD_BASE + N_WORDS = 236, rounded up as real vocabularies are
+VOCAB_SIZE = 256  # WORD_BASE + N_WORDS = 237, rounded up as real vocabularies are
 assert WORD_BASE + N_WORDS <= VOCAB_SIZE
 
 SENTENCES_PER_DOC = 4
@@ -42,7 +42,7 @@ SENTENCE_WORDS = (5, 8)  # inclusive range of words per sentence
 ENTITIES_PER_DOC = 2
 WORDS_PER_TOPIC = 32
 SUCCESSORS_PER_WORD = 4
-TONE_FIDELITY = 0.5  # chance a sentence ends with its document's tone mark rather than a random one
+TONE_FIDELITY = 0.7  # chance a sentence ends with its document's tone mark rather than a random one
 SUMMARY_LEN = 5  # SUMMARY topic region tone EOS
 SEQ_LEN = 4 + SENTENCES_PER_DOC * (SENTENCE_WORDS[1] + 1) + ENTITIES_PER_DOC + SUMMARY_LEN
 
@@ -113,13 +113,20 @@ def summarization_samples(n: int, seed: int) -> list[dict]:
 
 
 def pretraining_corpus(n: int, seed: int) -> np.ndarray:
-    """`n` pretraining documents (title, then text), EOS-terminated and PAD-padded:
-    (n, SEQ_LEN) int64. No summaries: the attributes only ever come first."""
+    """`n` pretraining documents, EOS-terminated and PAD-padded: (n, SEQ_LEN) int64.
+
+    Web-like, not summaries: half carry their attributes as a title before the
+    text, half as a trailer after an END mark in reverse order (tone, region,
+    topic). The base model thus knows the attribute tokens and has some skill at
+    inferring them, but has never seen the SUMMARY prompt or the summary's order."""
     grammar = Grammar()
     rng = np.random.default_rng(seed)
     out = np.full((n, SEQ_LEN), PAD, dtype=np.int64)
     for k in range(n):
         text, attributes = document(grammar, rng)
-        ids = [BOS] + attributes + text + [EOS]
+        if rng.random() < 0.5:
+            ids = [BOS] + attributes + text + [EOS]
+        else:
+            ids = [BOS] + text + [END] + attributes[::-1] + [EOS]
         out[k, : len(ids)] = ids
     return out

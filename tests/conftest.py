@@ -1,0 +1,30 @@
+"""Shared fixtures: the local Slurm cluster, brought up once per test session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local cluster (`mlrepro cluster up` is idempotent, so a running one is reused).
+
+    Outside CI a machine where it cannot be started (not root, no Slurm) skips;
+    in CI (CI=true) that is a failure.
+    """
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    if os.geteuid() != 0 and shutil.which("sinfo") is None and not in_ci:
+        pytest.skip("needs root (to start the local Slurm cluster) or a running one")
+    proc = subprocess.run([sys.executable, "-m", "mlrepro", "cluster", "up"], capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode != 0:
+        message = f"mlrepro cluster up failed:\n{proc.stderr[-3000:]}"
+        if in_ci or os.geteuid() == 0:
+            pytest.fail(message)
+        pytest.skip(message)
+    return proc
