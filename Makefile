@@ -20,7 +20,7 @@ cluster: install
 	$(SUDO) mlrepro cluster up
 
 mini: install
-	snakemake --profile profiles/local results/mini_lora/score.json results/mini_lora/report.html
+	snakemake --profile profiles/local
 
 test: install system-deps cluster
 	$(PY) -m pytest tests

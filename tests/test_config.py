@@ -13,8 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def tree(tmp_path):
-    """A copy of the repository's config/ and the mini_lora implementation, to corrupt freely."""
+    """A copy of the repository's config/, schemas and the mini_lora implementation, to corrupt freely."""
     shutil.copytree(REPO / "config", tmp_path / "config")
+    shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
     shutil.copytree(REPO / "implementations" / "mini_lora", tmp_path / "implementations" / "mini_lora")
     return tmp_path
 
@@ -30,6 +31,9 @@ def base_config():
 
 
 def test_repository_config_is_valid():
+    for benchmark in ("llama2_lora", "llama31_405b"):  # git implementations: not fetched, still valid
+        for system in ("local", "local-slurm", "dgxb200", "gb200-nvl72"):
+            config.load({**base_config(), "benchmarks": [benchmark], "system": system}, REPO)
     settings = config.load(base_config(), REPO)
     mini = settings.benchmark("mini_lora")
     assert mini.seeds == tuple(range(1, 11))

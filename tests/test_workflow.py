@@ -57,19 +57,28 @@ def finished(tmp_path_factory):
         snakemake_cmd(*PROFILE, TARGET), cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
-    first_log = ws / "results" / "mini_lora" / "seed_1" / "run.log"
+    results = ws / "results" / "mini_lora"
+
+    def seed_mid_run():
+        # training has started (MLLOG lines in its log) and the seed is not done
+        for log in results.glob("seed_*/run.log"):
+            if ":::MLLOG" in log.read_text(errors="replace") and not (log.parent / "mllog.txt").exists():
+                return log.parent
+        return None
+
     deadline = time.monotonic() + 600
-    # Kill once a seed is mid-run: its log shows training has started.
-    while time.monotonic() < deadline and proc.poll() is None:
-        if first_log.exists() and ":::MLLOG" in first_log.read_text(errors="replace"):
-            break
+    while time.monotonic() < deadline and proc.poll() is None and (mid := seed_mid_run()) is None:
         time.sleep(0.5)
     assert proc.poll() is None, proc.stdout.read()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    killed = {"seed_dir": first_log.parent, "had_mllog": (first_log.parent / "mllog.txt").exists()}
-    # The dataset and checkpoint finished before seed 1 started; they must be trusted.
+    time.sleep(1)  # anything the kill left running would write now
+    done = sorted(int(p.parent.name.split("_")[1]) for p in results.glob("seed_*/mllog.txt"))
+    killed = {"seed_dir": mid, "had_mllog": (mid / "mllog.txt").exists(), "done": done}
+    # The dataset and checkpoint finished before any seed started; they must be trusted.
     killed["plan_after_kill"] = planned_jobs(run_snakemake(ws, *PROFILE, TARGET, "-n").stdout)
+    # A killed snakemake leaves its lock; --unlock is what its error message tells the user.
+    run_snakemake(ws, *PROFILE, "--unlock")
     started = time.monotonic()
     run = run_snakemake(ws, *PROFILE, TARGET, "results/mini_lora/report.html")
     return {"ws": ws, "killed": killed, "run": run, "seconds": time.monotonic() - started}
@@ -79,7 +88,8 @@ def test_kill_mid_seed_leaves_no_trusted_target(finished):
     killed = finished["killed"]
     assert not killed["had_mllog"], "a killed seed left mllog.txt behind"
     plan = killed["plan_after_kill"]
-    assert plan.get("train_seed") == 10 and "dataset" not in plan and "base_checkpoint" not in plan
+    assert plan.get("train_seed") == 10 - len(killed["done"])
+    assert "dataset" not in plan and "base_checkpoint" not in plan
 
 
 def test_full_run_scores_ten_seeds(finished):
@@ -107,9 +117,10 @@ def test_full_run_scores_ten_seeds(finished):
 
 def test_second_invocation_runs_nothing(finished):
     ws = finished["ws"]
-    proc = run_snakemake(ws, *PROFILE, TARGET, "-n")
-    assert planned_jobs(proc.stdout) == {}
-    assert "Nothing to be done" in proc.stdout + proc.stderr
+    for target in ((TARGET,), ()):  # the score, and the default target (every configured benchmark)
+        proc = run_snakemake(ws, *PROFILE, *target, "-n")
+        assert planned_jobs(proc.stdout) == {}
+        assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
 def test_deleted_seed_is_the_only_one_recomputed(finished):
@@ -118,8 +129,8 @@ def test_deleted_seed_is_the_only_one_recomputed(finished):
 
     others = {p: p.stat().st_mtime_ns for p in (ws / "results" / "mini_lora").glob("seed_*/mllog.txt") if "seed_4" not in str(p)}
     shutil.rmtree(ws / "results" / "mini_lora" / "seed_4")
-    plan = planned_jobs(run_snakemake(ws, *PROFILE, TARGET, "-n").stdout)
-    assert plan == {"train_seed": 1, "score_seed": 1, "score": 1}
-    run_snakemake(ws, *PROFILE, TARGET)
+    plan = planned_jobs(run_snakemake(ws, *PROFILE, "-n").stdout)
+    assert plan == {"train_seed": 1, "score_seed": 1, "score": 1, "report": 1, "all": 1}
+    run_snakemake(ws, *PROFILE)
     assert (ws / "results" / "mini_lora" / "seed_4" / "mllog.txt").exists()
     assert {p: p.stat().st_mtime_ns for p in others} == others

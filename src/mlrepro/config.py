@@ -17,7 +17,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "workflow" / "schemas"
+# The schemas belong to the workflow: a checkout validates its config with its own.
+SCHEMA_SUBDIR = Path("workflow") / "schemas"
 
 
 class ConfigError(ValueError):
@@ -25,8 +26,8 @@ class ConfigError(ValueError):
 
 
 @functools.cache
-def _schema(name: str) -> dict:
-    return yaml.safe_load((SCHEMA_DIR / f"{name}.schema.yaml").read_text())
+def _schema(schema_dir: Path, name: str) -> dict:
+    return yaml.safe_load((schema_dir / f"{name}.schema.yaml").read_text())
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
@@ -53,6 +54,10 @@ def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
         for part in ref.split("/"):
             target = target[part]
         schema = target
+    if isinstance(instance, list) and "items" in schema:
+        for item in instance:
+            _fill_defaults(item, schema["items"], root)
+        return
     if not isinstance(instance, dict):
         return
     for key, sub in schema.get("properties", {}).items():
@@ -62,9 +67,9 @@ def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
             _fill_defaults(instance[key], sub, root)
 
 
-def validate(data: Any, schema_name: str, source: str) -> dict:
-    """Validate `data` against workflow/schemas/<schema_name>.schema.yaml; return it with defaults filled."""
-    schema = _schema(schema_name)
+def validate(data: Any, schema_name: str, source: str, root: Path) -> dict:
+    """Validate `data` against <root>/workflow/schemas/<schema_name>.schema.yaml; return it with defaults filled."""
+    schema = _schema(root / SCHEMA_SUBDIR, schema_name)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
@@ -98,6 +103,7 @@ class System:
     implementation_configs: dict = field(default_factory=dict)
     slurm_status_command: str = "sacct"
     slurm_poll_seconds: float = 30.0
+    submission: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class Benchmark:
     not_converged: str
     dataset: dict | None
     checkpoint: dict | None
+    run_env: dict
     env: dict
     source: Path
 
@@ -148,7 +155,7 @@ class Settings:
 def load_benchmark(root: Path, name: str) -> Benchmark:
     path = root / "config" / "benchmarks" / f"{name}.yaml"
     rel = path.relative_to(root) if path.is_relative_to(root) else path
-    data = validate(load_yaml(path), "benchmark", str(rel))
+    data = validate(load_yaml(path), "benchmark", str(rel), root)
     if data["name"] != name:
         raise ConfigError(f"{rel}: name: '{data['name']}' does not match the file name '{name}'")
     impl = data["implementation"]
@@ -160,7 +167,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         git = None
     else:
         git = impl["git"]
-        impl_dir = root / "resources" / name / "implementation"
+        impl_dir = root / "resources" / name / "implementation" / git["folder"]
     seeds = tuple(data.get("seeds") or range(1, data["required_runs"] + 1))
     if len(seeds) < data["required_runs"]:
         raise ConfigError(
@@ -179,6 +186,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         not_converged=data["not_converged"],
         dataset=data.get("dataset"),
         checkpoint=data.get("checkpoint"),
+        run_env=data["run_env"],
         env={k: str(v) for k, v in data["env"].items()},
         source=path,
     )
@@ -190,7 +198,7 @@ def load_system(root: Path, name: str) -> System:
     if not path.is_file():
         known = sorted(p.stem for p in (root / "config" / "systems").glob("*.yaml"))
         raise ConfigError(f"system '{name}': {rel} not found (known systems: {', '.join(known)})")
-    data = validate(load_yaml(path), "system", str(rel))
+    data = validate(load_yaml(path), "system", str(rel), root)
     slurm = data["slurm"]
     return System(
         name=data["name"],
@@ -205,13 +213,14 @@ def load_system(root: Path, name: str) -> System:
         implementation_configs=dict(data["implementation_configs"]),
         slurm_status_command=slurm.get("status_command", "sacct"),
         slurm_poll_seconds=float(slurm.get("poll_seconds", 30)),
+        submission=dict(data["submission"]),
     )
 
 
 def load(config: dict, root: str | Path) -> Settings:
     """Validate the workflow config (config.yaml plus --config overrides) and everything it names."""
     root = Path(root).resolve()
-    data = validate(config, "config", "config/config.yaml (with --config overrides)")
+    data = validate(config, "config", "config/config.yaml (with --config overrides)", root)
     system = load_system(root, data["system"])
     overrides = {k: data[k] for k in ("partition", "account") if data.get(k)}
     if overrides:

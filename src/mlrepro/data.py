@@ -703,7 +703,6 @@ def run_download_script(
     command is wrapped by `container_command`. A non-zero exit raises DataError
     naming the log and showing its last lines.
     """
-    log_path = Path(log_path)
     child_env = {**os.environ, **env}
     hidden = secret_values(child_env) + [s for s in secrets if s]
     argv = [python, str(script), *map(str, args)]
@@ -718,11 +717,23 @@ def run_download_script(
     else:
         cmd = argv
         cwd = workdir
+    return run_logged(cmd, env=env, log_path=log_path, cwd=cwd, secrets=secrets, what=f"download script {script}")
 
+
+def run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log_path: str | os.PathLike,
+               cwd: str | os.PathLike | None = None, secrets: Iterable[str] = (), what: str | None = None) -> Path:
+    """Run `cmd` with `env` added to this process's; its output goes, secrets redacted, to `log_path` (appended).
+
+    A non-zero exit raises DataError naming the log and showing its last lines.
+    """
+    log_path = Path(log_path)
+    child_env = {**os.environ, **env}
+    hidden = secret_values(child_env) + [s for s in secrets if s]
+    what = what or shlex.join(cmd[:2])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     secret_bytes = sorted({s.encode() for s in hidden}, key=len, reverse=True)
-    with open(log_path, "wb") as out:
-        out.write(f"$ {shlex.join(cmd)}\n".encode())
+    with open(log_path, "ab") as out:
+        out.write(f"$ {redact(shlex.join(cmd), hidden)}\n".encode())
         out.flush()
         try:
             proc = subprocess.Popen(cmd, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -739,7 +750,7 @@ def run_download_script(
             out.flush()
         rc = proc.wait()
     if rc != 0:
-        raise DataError(f"download script {script} failed with exit status {rc}; see {log_path}. "
+        raise DataError(f"{what} failed with exit status {rc}; see {log_path}. "
                         f"Last lines:\n{_log_tail(log_path)}")
     return log_path
 

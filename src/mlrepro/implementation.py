@@ -337,14 +337,24 @@ def _cross_check(label: str, shape: NameShape, values: Mapping[str, tuple[str, i
 
 
 def list_configs(impl_dir: str | os.PathLike) -> list[Path]:
-    """The system configs of an implementation folder, sorted by name (helpers left out)."""
+    """The system configs of an implementation folder, sorted by name (helpers left out).
+
+    A submission publishes one implementation folder per system (e.g.
+    llama2_70b_lora/implementations/{nyx_n1,tyche_ngpu72,...}); given the folder that
+    holds them, the configs of all of them are candidates, and the one chosen brings
+    its own folder (run.sub, Dockerfile, scripts) along.
+    """
     folder = Path(impl_dir)
     if not folder.is_dir():
         raise ImplementationError(f"implementation folder not found: {folder}")
-    return sorted(
-        p for p in folder.glob("config_*.sh")
-        if p.is_file() and not p.name.startswith(_HELPER_PREFIXES)
-    )
+
+    def configs_in(d: Path) -> list[Path]:
+        return [p for p in d.glob("config_*.sh") if p.is_file() and not p.name.startswith(_HELPER_PREFIXES)]
+
+    found = configs_in(folder)
+    if not found:
+        found = [p for sub in sorted(folder.iterdir()) if sub.is_dir() for p in configs_in(sub)]
+    return sorted(found, key=lambda p: (p.name, str(p)))
 
 
 def check_fits(config: ImplementationConfig, nodes: int, gpus_per_node: int) -> None:
@@ -366,6 +376,10 @@ def _resolve_requested(impl_dir: Path, requested: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
+    wanted = {requested, f"config_{requested}.sh"}
+    for config in list_configs(impl_dir):
+        if config.name in wanted:
+            return config
     names = ", ".join(p.name for p in list_configs(impl_dir)) or "none"
     raise ImplementationError(
         f"config {requested!r} not found in {impl_dir}; it has: {names}"

@@ -36,7 +36,15 @@ log = logging.getLogger("mlrepro.launch")
 
 
 class SeedFailed(RuntimeError):
-    """The seed's run failed; failure.json in its folder says why."""
+    """The seed's run failed; failure.json in its folder says why.
+
+    `retry` is False when retrying in the same invocation would go against someone's
+    decision: a job cancelled with scancel stays failed until the workflow is run again.
+    """
+
+    def __init__(self, message: str, *, retry: bool = True):
+        super().__init__(message)
+        self.retry = retry
 
 
 @functools.lru_cache(maxsize=64)
@@ -54,6 +62,22 @@ def implementation_config(benchmark: Benchmark, system: System):
         )
     except implementation.ImplementationError as exc:
         raise ConfigError(f"{benchmark.name} on system {system.name}: {exc}") from None
+
+
+STAGE_FOLDERS = {"dataset": "data", "checkpoint": "checkpoint"}
+
+
+def stage_folder(root: Path, benchmark: str, stage: str) -> Path:
+    """Where the dataset or checkpoint stage writes: resources/<benchmark>/{data,checkpoint}."""
+    return root / "resources" / benchmark / STAGE_FOLDERS[stage]
+
+
+def stage_location(root: Path, benchmark: str, stage: str) -> Path:
+    """The folder runs read a stage's files from: its own, or the user's folder it recorded."""
+    folder = stage_folder(root, benchmark, stage)
+    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+        return Path(json.loads((folder / "manifest.json").read_text())["location"])
+    return folder
 
 
 @dataclass(frozen=True)
@@ -96,20 +120,20 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
     cfg = implementation_config(benchmark, system)
     root = settings.root
     seed_dir = root / "results" / benchmark_name / f"seed_{seed}"
+    places = {stage: str(stage_location(root, benchmark_name, stage)) for stage in ("dataset", "checkpoint")}
     env = {
         **cfg.env,
         **benchmark.env,
+        **{key: value.format(**places) for key, value in benchmark.run_env.items()},
         "DGXSYSTEM": cfg.system,
         "SEED": str(seed),
         "NEXP": "1",
-        "DATADIR": str(root / "resources" / benchmark_name / "data"),
-        "MODEL": str(root / "resources" / benchmark_name / "checkpoint"),
     }
     plan = SeedPlan(
         benchmark=benchmark_name,
         seed=seed,
         scheduler=system.scheduler,
-        implementation_dir=benchmark.implementation_dir,
+        implementation_dir=cfg.path.parent,
         config_file=cfg.path,
         system_name=cfg.system,
         nodes=cfg.nodes,
@@ -357,7 +381,11 @@ def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     info = slurm.wait(job["job_id"], poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command)
     logs = sorted(Path(job["logdir"]).glob("*_1.log"))
     run_log.write_text("".join(p.read_text(errors="replace") for p in logs) if logs else "")
-    atomic_write_json(seed_dir / "job.json", {**job, "collected": True, "state": info.state, "elapsed_s": info.elapsed_seconds})
+    atomic_write_json(
+        seed_dir / "job.json",
+        {**job, "collected": _now(), "state": info.state, "end": info.end, "elapsed_s": info.elapsed_seconds,
+         "nodes": list(info.nodes)},
+    )
     if info.state != "COMPLETED":
         previous = (_read_json(seed_dir / "failure.json") or {}).get("suspect_nodes", [])
         suspects = sorted(set(previous) | (set(info.nodes) if info.state in NODE_SUSPECT_STATES else set()))
@@ -366,7 +394,10 @@ def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
             state=info.state, exit_code=info.exit_code, job_id=job["job_id"], nodes=list(info.nodes),
             suspect_nodes=suspects, attempt=job["attempt"],
         )
-        raise SeedFailed(f"seed {plan.seed}: Slurm job {job['job_id']} ended {info.state}; see {job['logdir']}")
+        raise SeedFailed(
+            f"seed {plan.seed}: Slurm job {job['job_id']} ended {info.state}; see {job['logdir']}",
+            retry=info.state != "CANCELLED",
+        )
     if not logs:
         record_failure(seed_dir, f"Slurm job {job['job_id']} wrote no run log in {job['logdir']}", state="NO_LOG", job_id=job["job_id"])
         raise SeedFailed(f"seed {plan.seed}: no run log in {job['logdir']}")

@@ -104,8 +104,15 @@ def _time_plot(score: dict) -> str:
     return _svg(fig)
 
 
-def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None) -> str:
-    """The report page as a string."""
+def plots(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None) -> dict[str, str]:
+    """The report's figures as SVG text: `convergence` (metric vs samples) and `time_to_train`."""
+    return {"convergence": _eval_plot(score, _evals_by_run(score, logs)), "time_to_train": _time_plot(score)}
+
+
+def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None,
+                  figures: Mapping[str, str] | None = None) -> str:
+    """The report page as a string (`figures` from plots(), made from `logs` when not given)."""
+    figures = figures or plots(score, logs)
     valid = bool(score.get("valid"))
     t = score["target"]
     rules = (f"MLPerf Training {score.get('ruleset')} ({score.get('mlperf_benchmark')})"
@@ -133,11 +140,10 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
             f"<td>{_e(r.get('samples_to_converge'))}</td><td class='{'ok' if comp.get('pass') else 'bad'}'>"
             f"{_e(comp_s)}</td><td class='{'ok' if r.get('counted') else 'bad'}'>"
             f"{'yes' if r.get('counted') else 'no'}</td><td>{'<br>'.join(_e(n) for n in notes[:8])}</td>"
-            f"<td class='small'>{_e(Path(str(r.get('file'))).name)}</td></tr>")
+            f"<td class='small'>{_e('/'.join(Path(str(r.get('file'))).parts[-2:]))}</td></tr>")
     parts.append("</table>")
-    parts.append(f"<h2>Convergence</h2><figure id='eval-plot'>{_eval_plot(score, _evals_by_run(score, logs))}"
-                 "</figure>")
-    parts.append(f"<h2>Time to train</h2><figure id='time-plot'>{_time_plot(score)}</figure>")
+    parts.append(f"<h2>Convergence</h2><figure id='eval-plot'>{figures['convergence']}</figure>")
+    parts.append(f"<h2>Time to train</h2><figure id='time-plot'>{figures['time_to_train']}</figure>")
     rcp = score["rcp"]
     rcp_s = "not checked" if not rcp.get("checked") else ("PASS" if rcp.get("pass") else "FAIL")
     n_comp = [r for r in score.get("runs") or [] if (r.get("compliance") or {}).get("checked")]
@@ -153,12 +159,18 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     return "".join(parts)
 
 
-def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, out_html: str | os.PathLike) -> Path:
+def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, out_html: str | os.PathLike,
+                 plot_dir: str | os.PathLike | None = None) -> Path:
     """Write the report for `score` (a score_runs result) to `out_html` atomically.
 
     `logs` maps seed → log path (or lists log paths) for the convergence plot;
-    with None the evaluations stored in each run of `score` are used.
+    with None the evaluations stored in each run of `score` are used. With `plot_dir`,
+    the figures are also written there as convergence.svg and time_to_train.svg.
     """
+    figures = plots(score, logs)
     out = Path(out_html)
-    atomic_write_text(out, render_report(score, logs))
+    atomic_write_text(out, render_report(score, figures=figures))
+    if plot_dir is not None:
+        for name, svg in figures.items():
+            atomic_write_text(Path(plot_dir) / f"{name}.svg", svg)
     return out

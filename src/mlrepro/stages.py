@@ -20,18 +20,30 @@ from mlrepro.fsutil import atomic_dir, atomic_write_json
 log = logging.getLogger("mlrepro.stages")
 
 
+def implementation(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
+    """Fetch a git implementation at its pinned commit into resources/<benchmark>/implementation/."""
+    from mlrepro import implementation as implementations
+
+    bench = settings.benchmark(benchmark)
+    git = bench.implementation_git
+    dest = settings.root / "resources" / benchmark / "implementation"
+    folder = implementations.fetch_implementation(git["url"], git["commit"], git["folder"], dest)
+    atomic_write_json(out, {**git, "path": str(folder), "configs": [str(p) for p in implementations.list_configs(folder)]})
+
+
 def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
     """Build the implementation's image (or, with runtime none, record this machine's environment)."""
     from mlrepro import container as containers
 
     bench = settings.benchmark(benchmark)
+    folder = launch.implementation_config(bench, settings.system).path.parent
     runtime = settings.system.container_runtime
     containers.build_container(
         {
             "runtime": "podman" if runtime == "enroot" else runtime,
-            "context": str(bench.implementation_dir),
-            "dockerfile": "Dockerfile",
-            "tag": f"mlrepro/{benchmark}:latest",
+            "context": str(folder),
+            "dockerfile": str(folder / "Dockerfile"),
+            "tag": f"mlrepro/{benchmark}:{folder.name.lower()}",
             # pyxis/enroot clusters run a squashfs image; a podman system runs the image itself.
             "sqsh": str(settings.root / "resources" / benchmark / "image.sqsh") if runtime == "enroot" else None,
         },
@@ -39,30 +51,99 @@ def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> N
     )
 
 
+# Where a source's files go inside the container, when the script runs in one.
+CONTAINER_OUT = "/mlrepro/out"
+
+
 def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out: Path, log_path: Path) -> None:
-    """Run the implementation's own download script for `stage` into the folder holding `out`."""
+    """Fill resources/<benchmark>/<stage>/ from the benchmark's sources, verify it, write its manifest."""
     from mlrepro import data
 
     bench = settings.benchmark(benchmark)
     spec = getattr(bench, stage)
     if spec is None:
         raise mlrepro_config.ConfigError(f"{bench.source}: {stage}: not configured")
+    # Everything that can fail without downloading fails first.
     if spec["needs_token"]:
-        data.require_token("HF_TOKEN")
+        data.require_token("HF_TOKEN", purpose=f"the {benchmark} {stage}")
+    impl = launch.implementation_config(bench, settings.system).path.parent
+    mounts_csv = impl / "expected-mounts.csv"
+    expected = data.read_expected_mounts(mounts_csv) if mounts_csv.is_file() else []
     folder = out.parent
     data.check_free_space(folder.parent, int(spec["min_free_gb"] * 2**30))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    record: dict = {"benchmark": benchmark, "stage": stage, "sources": spec["sources"]}
+    image = _stage_image(settings, benchmark)
+
     with atomic_dir(folder) as partial:
-        args = [a.replace("{out}", str(partial)) for a in spec["args"]]
-        data.run_download_script(
-            bench.implementation_dir / spec["script"], args, env=_download_env(bench), log_path=log_path
-        )
-        data.write_manifest(partial, partial / out.name, extra={"benchmark": benchmark, "stage": stage})
+        for source in spec["sources"]:
+            where = partial / source["into"] if source["into"] else partial
+            if "user_path" in source:
+                where = _user_folder(source)
+                record["location"] = str(where)
+                checked = where / source["into"] if source["into"] else where
+            else:
+                where.mkdir(parents=True, exist_ok=True)
+                checked = where
+                if "script" in source:
+                    _run_script(source, impl, where, image, log_path, bench.env)
+                else:
+                    data.run_logged(["rclone", "copy", source["rclone"], str(where)], env={}, log_path=log_path)
+                if source.get("cleanup"):
+                    for line in data.apply_cleanup(where, source["cleanup"]):
+                        log.info("%s cleanup: %s", stage, line)
+            if source.get("expected_mounts"):
+                entries = [e for e in expected if e.key == source["expected_mounts"]]
+                if not entries:
+                    raise data.DataError(f"{mounts_csv} has no rows for {source['expected_mounts']}")
+                problems = data.verify_mounts(checked, entries)
+                if problems:
+                    raise data.DataError(
+                        f"{stage} does not match {mounts_csv.name} ({source['expected_mounts']}):\n  "
+                        + "\n  ".join(problems[:20]))
+        total = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
+        # Hashing a 140 GB checkpoint would take longer than downloading it; sizes are checked.
+        data.write_manifest(partial, partial / out.name, extra=record, hash=total < 2**30)
 
 
-def _download_env(bench: mlrepro_config.Benchmark) -> dict:
+def _user_folder(source: dict) -> Path:
     import os
 
-    return {**os.environ, **bench.env}
+    from mlrepro import data
+
+    name = source["user_path"]
+    value = os.environ.get(name)
+    if not value:
+        raise data.DataError(f"{name} is not set: export {name}=<folder that holds {source['into'] or 'the files'}>")
+    folder = Path(value).expanduser()
+    if not folder.is_dir():
+        raise data.DataError(f"{name}={value} is not a folder")
+    return folder
+
+
+def _stage_image(settings, benchmark: str) -> str | None:
+    """The image download scripts run in: the .sqsh (enroot), the podman tag, or None (host)."""
+    runtime = settings.system.container_runtime
+    if runtime == "none":
+        return None
+    record = json.loads((settings.root / "results" / benchmark / "container.json").read_text())
+    return (record.get("sqsh") or {}).get("path") or record["tag"]
+
+
+def _run_script(source: dict, impl: Path, where: Path, image: str | None, log_path: Path, env: dict) -> None:
+    import os
+
+    from mlrepro import data
+
+    if image is None:
+        args = [a.replace("{out}", str(where)) for a in source["args"]]
+        data.run_download_script(impl / source["script"], args, env={**os.environ, **env}, log_path=log_path, workdir=impl)
+    else:
+        # In the image the implementation is its working directory, as in NVIDIA's READMEs.
+        args = [a.replace("{out}", CONTAINER_OUT) for a in source["args"]]
+        data.run_download_script(source["script"], args, env=env, log_path=log_path, container=image,
+                                 mounts={str(where): CONTAINER_OUT})
 
 
 def dataset(settings, benchmark: str, out: Path, log_path: Path) -> None:
@@ -85,7 +166,7 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
             launch.finish_seed(plan, log_path, out, bench.not_converged)
             return
         except launch.SeedFailed as exc:
-            if attempt == bench.retries:
+            if attempt == bench.retries or not exc.retry:
                 raise
             log.warning("%s; retrying (%d of %d)", exc, attempt + 1, bench.retries)
 
@@ -106,10 +187,37 @@ def score(settings, benchmark: str, run_files: list[Path], mllogs: list[Path], o
     atomic_write_json(out, result)
 
 
-def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path) -> None:
+def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path, plot_dir: Path) -> None:
     from mlrepro import report as reports
 
-    reports.write_report(json.loads(Path(score_file).read_text()), mllogs, out)
+    reports.write_report(json.loads(Path(score_file).read_text()), mllogs, out, plot_dir=plot_dir)
+
+
+def submission(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path) -> None:
+    """The MLPerf submission package of the runs, as package_checker expects it."""
+    from mlrepro import package
+
+    bench = settings.benchmark(benchmark)
+    score = json.loads(Path(score_file).read_text())
+    system = settings.system
+    made = package.write_submission_package(
+        out, submitter=settings.submitter, system_name=system.name,
+        system_desc={"number_of_nodes": str(system.nodes), "accelerators_per_node": str(system.gpus_per_node),
+                     **system.submission},
+        benchmark=bench.mlperf_benchmark, logs=mllogs, ruleset=bench.ruleset,
+        scaling_factor=score["rcp"].get("scaling_factor"),
+    )
+    if made["empty_fields"]:
+        log.warning("system description fields left empty (set them under `submission:` in config/systems/%s.yaml): %s",
+                    system.name, ", ".join(made["empty_fields"]))
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors whose message says everything: shown without a traceback."""
+    from mlrepro import container as containers
+    from mlrepro import data, implementation
+
+    return (data.DataError, implementation.ImplementationError, containers.ContainerError)
 
 
 @contextlib.contextmanager
@@ -133,19 +241,22 @@ def run_from_snakemake(smk) -> None:
     out = Path(smk.output[0])
     log_path = Path(smk.log[0])
     calls = {
+        "implementation": lambda: implementation(settings, wc.benchmark, out),
         "container": lambda: container(settings, wc.benchmark, out),
         "dataset": lambda: dataset(settings, wc.benchmark, out, log_path),
         "base_checkpoint": lambda: base_checkpoint(settings, wc.benchmark, out, log_path),
         "train_seed": lambda: train_seed(settings, wc.benchmark, int(wc.seed), out, log_path),
         "score_seed": lambda: score_seed(settings, wc.benchmark, int(wc.seed), Path(smk.input[0]), out),
         "score": lambda: score(settings, wc.benchmark, list(map(Path, smk.input.runs)), list(map(Path, smk.input.mllogs)), out),
-        "report": lambda: report(settings, wc.benchmark, Path(smk.input.score), list(map(Path, smk.input.mllogs)), out),
+        "report": lambda: report(settings, wc.benchmark, Path(smk.input.score), list(map(Path, smk.input.mllogs)), out,
+                                 Path(smk.output.convergence).parent),
+        "submission": lambda: submission(settings, wc.benchmark, Path(smk.input.score), list(map(Path, smk.input.mllogs)), out),
     }
     # The download and training stages own their log file (the child's output goes there).
     own_log = None if rule in ("dataset", "base_checkpoint", "train_seed") else log_path
     with _logging_to(own_log):
         try:
             calls[rule]()
-        except (launch.SeedFailed, mlrepro_config.ConfigError) as exc:
+        except (launch.SeedFailed, mlrepro_config.ConfigError, *_user_errors()) as exc:
             logging.getLogger("mlrepro").error("%s", exc)
             sys.exit(1)

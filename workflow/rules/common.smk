@@ -29,20 +29,48 @@ def seed_files(name):
     return lambda wc: [f"results/{wc.benchmark}/seed_{s}/{name}" for s in seeds(wc.benchmark)]
 
 
-def seed_plan(wc):
-    return launch.plan_seed(SETTINGS, wc.benchmark, int(wc.seed))
+def seed_plan(wc, attribute):
+    """One attribute of the seed's launch plan (see mlrepro.launch.SeedPlan).
+
+    Until a git implementation is fetched its configs are unknown: Snakemake asks before the
+    checkpoint has run, gets a placeholder, and asks again once it has.
+    """
+    if not implementation_fetched(wc.benchmark):
+        return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
+                "walltime_minutes": 60}[attribute]
+    value = getattr(launch.plan_seed(SETTINGS, wc.benchmark, int(wc.seed)), attribute)
+    return value() if callable(value) else value
+
+
+def implementation_fetched(benchmark):
+    bench = SETTINGS.benchmark(benchmark)
+    return bench.implementation_git is None or Path(f"resources/{benchmark}/implementation.json").exists()
 
 
 def all_targets():
+    # The seeds' own results are listed too: Snakemake does not rerun an up-to-date score
+    # because an intermediate file went missing, but it does rebuild a missing target.
+    # So deleting a seed's folder and running the default target redoes that seed only.
     targets = []
-    for name in SETTINGS.benchmarks:
+    for name, bench in SETTINGS.benchmarks.items():
+        targets += [f"results/{name}/seed_{s}/run.json" for s in bench.seeds]
         targets += [f"results/{name}/score.json", f"results/{name}/report.html"]
+        if SETTINGS.benchmark(name).mlperf_benchmark:
+            targets.append(f"results/{name}/submission")
     return targets
 
 
+def implementation_ready(wc):
+    """Input helper: the fetched implementation of a git benchmark (nothing for a local folder)."""
+    if SETTINGS.benchmark(wc.benchmark).implementation_git is None:
+        return []
+    return checkpoints.implementation.get(benchmark=wc.benchmark).output
+
+
 def implementation_files(wc):
-    """The build context of the benchmark's image: its implementation folder's files."""
+    """Input helper: the build context of the benchmark's image (the chosen implementation folder)."""
     from mlrepro import container
 
-    folder = SETTINGS.benchmark(wc.benchmark).implementation_dir
-    return [str(folder / p) for p in container.context_files(folder)] if folder.is_dir() else []
+    ready = implementation_ready(wc)
+    folder = launch.implementation_config(SETTINGS.benchmark(wc.benchmark), SYSTEM).path.parent
+    return ready + [str(folder / p) for p in container.context_files(folder)]

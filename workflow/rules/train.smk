@@ -5,17 +5,18 @@ rule train_seed:
         container=ancient("results/{benchmark}/container.json"),
         dataset=ancient("resources/{benchmark}/data/manifest.json"),
         checkpoint=ancient("resources/{benchmark}/checkpoint/manifest.json"),
+        implementation=lambda wc: [ancient(f) for f in implementation_ready(wc)],
     output:
         "results/{benchmark}/seed_{seed}/mllog.txt",
     log:
         "results/{benchmark}/seed_{seed}/run.log",
     params:
-        plan=lambda wc: seed_plan(wc).describe(),
+        plan=lambda wc: seed_plan(wc, "describe"),
     message:
         "{wildcards.benchmark} seed {wildcards.seed}: {params.plan}"
-    threads: lambda wc: seed_plan(wc).local_threads
+    threads: lambda wc: seed_plan(wc, "local_threads")
     resources:
-        runtime=lambda wc: seed_plan(wc).walltime_minutes,
+        runtime=lambda wc: seed_plan(wc, "walltime_minutes"),
     localrule: True
     script:
         "../scripts/stage.py"

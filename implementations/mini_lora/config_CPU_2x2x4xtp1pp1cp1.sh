@@ -1,6 +1,6 @@
 # mini_lora on 2 node(s) x 2 CPU rank(s), data-parallel only (TP1 PP1 CP1).
 # DGXSYSTEM is this file's name without config_ and .sh.
-export DGXSYSTEM=CPU_2x2x8xtp1pp1cp1
+export DGXSYSTEM=CPU_2x2x4xtp1pp1cp1
 export DGXNNODES=2
 export DGXNGPU=2
 export WALLTIME_RUNANDTIME=${WALLTIME_RUNANDTIME:-5}   # minutes for one run

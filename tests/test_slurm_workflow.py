@@ -1,0 +1,132 @@
+"""The miniature's 10 seeds through the slurm profile on the real local cluster.
+
+One scenario, in the order a user lives it: the first invocation submits every seed (each
+on 2 nodes); one seed's job is cancelled with scancel while it runs; then the snakemake
+process is killed while seeds are still queued. The second invocation must re-attach to
+the queued and running jobs, resubmit exactly the cancelled seed, and finish the score,
+with no seed ever having two live jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from mlrepro import launch, slurm
+from workspace import make_workspace, run_snakemake, snakemake_cmd
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+TARGET = "results/mini_lora/score.json"
+# Short polling keeps CI fast; a real cluster keeps the profile's defaults.
+ARGS = ("--profile", "profiles/slurm", "--config", "system=local-slurm",
+        "--slurm-init-seconds-before-status-checks", "1", TARGET)
+SEEDS = range(1, 11)
+
+
+def seed_dir(ws: Path, seed: int) -> Path:
+    return ws / "results" / "mini_lora" / f"seed_{seed}"
+
+
+def jobs_of(ws: Path, seed: int) -> list[slurm.JobInfo]:
+    """Every accepted Slurm job of this workspace's seed (refused submissions have no nodes)."""
+    name = launch.job_name("mini_lora", seed, seed_dir(ws, seed))
+    return [j for j in slurm.find_jobs(name) if j.state != "FAILED" or j.nodes]
+
+
+def read_job(ws: Path, seed: int) -> dict | None:
+    try:
+        return json.loads((seed_dir(ws, seed) / "job.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"snakemake ended ({proc.returncode}) before {what}:\n{proc.stdout.read()[-5000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def scenario(slurm_cluster, tmp_path_factory):
+    ws = make_workspace(tmp_path_factory.mktemp("slurm") / "ws")
+    first = subprocess.Popen(snakemake_cmd(*ARGS), cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    try:
+        # Every seed queued, one of them running: cancel the running one.
+        wait_for(lambda: all(read_job(ws, s) for s in SEEDS), 600, "all seeds submitted", first)
+        running = wait_for(
+            lambda: next((s for s in SEEDS if slurm.job_info(read_job(ws, s)["job_id"]).state == "RUNNING"), None),
+            300, "a running seed", first)
+        cancelled_job = read_job(ws, running)["job_id"]
+        subprocess.run(["scancel", cancelled_job], check=True)
+        wait_for(lambda: (seed_dir(ws, running) / "failure.json").exists(), 120, "the cancel to be noticed", first)
+        # Kill the workflow while others are still queued.
+        wait_for(lambda: any(slurm.job_info(read_job(ws, s)["job_id"]).state == "RUNNING"
+                             for s in SEEDS if s != running), 300, "the next seed to start", first)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    jobs_before = {s: [j.job_id for j in jobs_of(ws, s)] for s in SEEDS}
+    live_before = {s for s in SEEDS if any(not j.terminal for j in jobs_of(ws, s))}
+    failure = json.loads((seed_dir(ws, running) / "failure.json").read_text())
+
+    run_snakemake(ws, "--unlock", *ARGS[:4])
+    started = time.monotonic()
+    second = run_snakemake(ws, *ARGS, timeout=1800)
+    return {
+        "ws": ws, "cancelled_seed": running, "cancelled_job": cancelled_job, "failure": failure,
+        "jobs_before": jobs_before, "live_before": live_before, "second": second,
+        "second_seconds": time.monotonic() - started,
+    }
+
+
+def test_cancelled_seed_keeps_a_machine_readable_reason(scenario):
+    failure = scenario["failure"]
+    assert failure["state"] == "CANCELLED" and failure["job_id"] == scenario["cancelled_job"]
+    assert "CANCELLED" in failure["reason"]
+
+
+def test_rerun_submits_exactly_the_cancelled_seed(scenario):
+    ws = scenario["ws"]
+    for seed in SEEDS:
+        new = [j for j in jobs_of(ws, seed) if j.job_id not in scenario["jobs_before"][seed]]
+        expected = 1 if seed == scenario["cancelled_seed"] else 0
+        assert len(new) == expected, f"seed {seed}: second invocation submitted {len(new)} jobs"
+    # something was really still queued or running when the workflow died
+    assert scenario["live_before"] - {scenario["cancelled_seed"]}
+
+
+def test_no_seed_ever_had_two_jobs_besides_the_cancelled_one(scenario):
+    ws = scenario["ws"]
+    for seed in SEEDS:
+        jobs = jobs_of(ws, seed)
+        states = [j.state for j in jobs]
+        if seed == scenario["cancelled_seed"]:
+            assert states == ["CANCELLED", "COMPLETED"], states
+        else:
+            assert states == ["COMPLETED"], f"seed {seed}: {states}"
+        assert len(jobs[-1].nodes) == 2, f"seed {seed} ran on {jobs[-1].nodes}, not 2 nodes"
+
+
+def test_score_after_the_rerun(scenario):
+    ws = scenario["ws"]
+    score = json.loads((ws / TARGET).read_text())
+    assert sorted(r["seed"] for r in score["runs"]) == list(SEEDS)
+    assert sum(r["converged"] for r in score["runs"]) >= 9
+    assert not (seed_dir(ws, scenario["cancelled_seed"]) / "failure.json").exists()
+    assert "re-attaching" in scenario["second"].stdout + scenario["second"].stderr
