@@ -3,6 +3,8 @@ rule base_checkpoint:
         ancient("results/{benchmark}/container.json"),
     output:
         "resources/{benchmark}/checkpoint/manifest.json",
+    resources:
+        **slurm_resources(),
     log:
         "logs/{benchmark}/checkpoint.log",
     script:

@@ -20,6 +20,12 @@ wildcard_constraints:
     seed=r"\d+",
 
 
+def slurm_resources():
+    """Partition and account of the system, for the rules that go through the Slurm executor plugin."""
+    named = {"slurm_partition": SYSTEM.partition, "slurm_account": SYSTEM.account}
+    return {key: value for key, value in named.items() if value}
+
+
 def seeds(benchmark):
     return SETTINGS.benchmark(benchmark).seeds
 

@@ -3,6 +3,8 @@ rule dataset:
         ancient("results/{benchmark}/container.json"),
     output:
         "resources/{benchmark}/data/manifest.json",
+    resources:
+        **slurm_resources(),
     log:
         "logs/{benchmark}/dataset.log",
     script:
