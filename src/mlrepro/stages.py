@@ -69,7 +69,8 @@ def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out
     impl = launch.implementation_config(bench, settings.system).path.parent
     mounts_csv = impl / "expected-mounts.csv"
     expected = data.read_expected_mounts(mounts_csv) if mounts_csv.is_file() else []
-    folder = out.parent
+    # Absolute: the implementation's scripts run from its own folder (or in a container).
+    folder = out.resolve().parent
     data.check_free_space(folder.parent, int(spec["min_free_gb"] * 2**30))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
