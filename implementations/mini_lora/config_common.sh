@@ -12,3 +12,6 @@ export SP=${SP:-0}
 export SUBMISSION_BENCHMARK=${SUBMISSION_BENCHMARK:-mini_lora}
 # Time budget inside the run; the trainer stops with status "aborted" after it.
 export MAX_MINUTES=${MAX_MINUTES:-${WALLTIME_RUNANDTIME:-5}}
+# One intra-op thread per rank: ranks of a one-machine test cluster's "nodes" share its
+# cores, and oversubscribed ranks spin in gloo's allreduce.
+export TORCH_NUM_THREADS=${TORCH_NUM_THREADS:-1}
