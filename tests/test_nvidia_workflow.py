@@ -296,6 +296,9 @@ def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman_env,
         sqsh = Path(record["sqsh"]["path"])
         assert sqsh == ws / "resources" / BENCH / "image.sqsh" and sqsh.is_file()
         assert record["sqsh"]["size"] == sqsh.stat().st_size
+        if shutil.which("unsquashfs"):
+            listing = subprocess.run(["unsquashfs", "-l", str(sqsh)], capture_output=True, text=True, check=True).stdout
+            assert "/workspace/ft-llm/run.sub" in listing and "/workspace/ft-llm/scripts/download_dataset.py" in listing
     else:
         assert "sqsh" not in record
 
@@ -305,15 +308,12 @@ def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman_env,
     assert ran_jobs(again) == [] and "Nothing to be done" in again.stdout + again.stderr
     assert (ws / target).stat().st_mtime_ns == stamp
 
-    # A file of the implementation touched but not changed: the rule runs (its inputs are the
-    # implementation's files), the build context is the same, so the image is reused.
+    # A file of the implementation touched but not changed: Snakemake compares the checksums
+    # it recorded for the rule's inputs (the implementation's files), so nothing runs either.
     os.utime(variant / "train.py")
     touched = snakemake(ws, *args, env=podman_env)
-    assert ran_jobs(touched) == ["container"], touched.stdout + touched.stderr
-    same = json.loads((ws / target).read_text())
-    assert (same["image_id"], same["context_digest"]) == (record["image_id"], record["context_digest"])
-    if runtime == "enroot":
-        assert same["sqsh"]["sha256"] == record["sqsh"]["sha256"]
+    assert ran_jobs(touched) == [], touched.stdout + touched.stderr
+    assert (ws / target).stat().st_mtime_ns == stamp
 
     # A file of the implementation changed: a new context, a new image (and a new .sqsh).
     with open(variant / "train.py", "a") as fh:

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 

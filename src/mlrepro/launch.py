@@ -194,11 +194,20 @@ def finish_seed(plan: SeedPlan, run_log: Path, mllog_out: Path, not_converged: s
 # ---------------------------------------------------------------- local (submitit)
 
 
+# What run_and_time returns when the wall-time ran out (as timeout(1) does).
+WALLTIME_EXIT = 124
+
+
+class _WallTime(Exception):
+    pass
+
+
 def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: str) -> int:
     """Run run_and_time.sh to completion; executed by submitit in its own process.
 
     The run gets its own process group so that a cancel (SIGINT/SIGTERM from submitit or
-    Snakemake) takes torchrun and every rank with it, not just the shell.
+    Snakemake) takes torchrun and every rank with it, not just the shell. submitit signals
+    SIGUSR2 shortly before the wall-time: the run is stopped and WALLTIME_EXIT returned.
     """
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
@@ -214,11 +223,18 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
         def stop(signum, _frame):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            if signum == signal.SIGUSR2:
+                raise _WallTime
             raise SystemExit(128 + signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
             signal.signal(sig, stop)
-        return proc.wait()
+        try:
+            return proc.wait()
+        except _WallTime:
+            proc.wait()
+            out.write(b"\nmlrepro: wall-time reached, run stopped\n")
+            return WALLTIME_EXIT
 
 
 def _kill_stale_local_run(seed_dir: Path) -> None:
@@ -234,8 +250,8 @@ def _kill_stale_local_run(seed_dir: Path) -> None:
 
 
 def _local_env(plan: SeedPlan, logdir: Path, device: str) -> dict:
-    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "HF_TOKEN", "HF_HOME")}
-    env = {**keep, **plan.env, "LOGDIR": str(logdir), "DATESTAMP": time.strftime("%y%m%d%H%M%S")}
+    # The whole environment, as sbatch --export=ALL gives run.sub on a cluster.
+    env = {**os.environ, **plan.env, "LOGDIR": str(logdir), "DATESTAMP": time.strftime("%y%m%d%H%M%S")}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
@@ -253,7 +269,9 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
 
     executor = submitit.LocalExecutor(folder=seed_dir / ".submitit", max_num_timeout=0)
     gpus = plan.gpus_per_node if system.device == "cuda" else 0
-    executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1)
+    # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
+    executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
+                               signal_delay_s=5)
     env = _local_env(plan, logdir, system.device)
     job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(run_log), str(seed_dir / "run.pid"))
     atomic_write_json(
@@ -268,17 +286,14 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, cancel)
-    started = time.monotonic()
     try:
         rc = job.result()
-    except submitit.core.utils.UncompletedJobError as exc:
-        timed_out = time.monotonic() - started >= plan.walltime_minutes * 60 - 1
-        state = "TIMEOUT" if timed_out else "FAILED"
-        record_failure(seed_dir, f"{state.lower()}: {str(exc).splitlines()[0]}", state=state)
-        raise SeedFailed(f"seed {plan.seed}: {state.lower()}; see {run_log}") from None
-    except submitit.core.utils.FailedJobError as exc:
+    except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as exc:
         record_failure(seed_dir, f"launcher failed: {str(exc).splitlines()[0]}", state="FAILED")
         raise SeedFailed(f"seed {plan.seed}: launcher failed; see {seed_dir / '.submitit'}") from None
+    if rc == WALLTIME_EXIT:
+        record_failure(seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT")
+        raise SeedFailed(f"seed {plan.seed}: timeout after {plan.walltime_minutes} min; see {run_log}")
     if rc != 0:
         record_failure(seed_dir, f"run_and_time.sh exited with {rc}", state="FAILED", exit_code=rc)
         raise SeedFailed(f"seed {plan.seed}: run_and_time.sh exited with {rc}; see {run_log}")

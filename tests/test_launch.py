@@ -1,0 +1,180 @@
+"""mlrepro.launch and the seed stage, without Snakemake: plans, the local path through
+submitit with a tiny real implementation, failures, retries and the seed folder contract."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlrepro import config, launch, stages
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A run_and_time.sh that behaves like a trainer: MLLOG on stdout, and a knob to fail the
+# first N attempts (counted in a file), to time out, or to stop without run_stop.
+RUN_AND_TIME = textwrap.dedent("""\
+    #!/bin/bash
+    set -eu
+    count_file="$LOGDIR/../attempts"
+    n=$(( $(cat "$count_file" 2>/dev/null || echo 0) + 1 ))
+    echo $n > "$count_file"
+    echo "rank setup: DGXNGPU=$DGXNGPU SEED=$SEED DATADIR=$DATADIR MODEL=$MODEL"
+    mllog() { echo ":::MLLOG {\\"namespace\\": \\"\\", \\"time_ms\\": $1, \\"event_type\\": \\"$2\\", \\"key\\": \\"$3\\", \\"value\\": $4, \\"metadata\\": $5}"; }
+    mllog 1000 POINT_IN_TIME seed $SEED '{}'
+    mllog 2000 INTERVAL_START run_start null '{}'
+    if (( n <= ${FAIL_ATTEMPTS:-0} )); then echo "boom on attempt $n" >&2; exit 3; fi
+    if [[ -n "${SLEEP:-}" ]]; then sleep "$SLEEP"; fi
+    [[ -n "${NO_STOP:-}" ]] && exit 0
+    mllog 62000 POINT_IN_TIME eval_accuracy 0.5 '{"samples_count": 64}'
+    mllog 62000 INTERVAL_END run_stop null "{\\"status\\": \\"${STATUS:-success}\\", \\"samples_count\\": 64}"
+""")
+
+CONFIG = textwrap.dedent("""\
+    export DGXNNODES=1
+    export DGXNGPU=1
+    export WALLTIME_RUNANDTIME=${WALLTIME_RUNANDTIME:-1}
+    export WALLTIME=$((${WALLTIME_RUNANDTIME} + 1))
+    export MINIBS=4 TP=1 PP=1 CP=1
+""")
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A workflow root with a tiny implementation `tiny` and a local system."""
+    shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
+    impl = tmp_path / "implementations" / "tiny"
+    impl.mkdir(parents=True)
+    (impl / "run_and_time.sh").write_text(RUN_AND_TIME)
+    (impl / "config_CPU_1x1x4xtp1pp1cp1.sh").write_text(CONFIG)
+    (impl / "run.sub").write_text("#!/bin/bash\n")
+    for sub in ("benchmarks", "systems"):
+        (tmp_path / "config" / sub).mkdir(parents=True)
+    write_benchmark(tmp_path)
+    (tmp_path / "config" / "systems" / "here.yaml").write_text(yaml.safe_dump(
+        {"name": "here", "scheduler": "local", "nodes": 1, "gpus_per_node": 1}))
+    (tmp_path / "config" / "systems" / "cluster.yaml").write_text(yaml.safe_dump(
+        {"name": "cluster", "scheduler": "slurm", "nodes": 4, "gpus_per_node": 1, "partition": "batch",
+         "account": "proj", "exclude_nodes": ["bad1"]}))
+    return tmp_path
+
+
+def write_benchmark(root: Path, **changes) -> None:
+    data = {"name": "tiny", "implementation": {"path": "implementations/tiny"}, "required_runs": 2,
+            "target": {"metric": "eval_accuracy", "value": 0.9, "direction": "below"}, "retries": 0,
+            "run_env": {"DATADIR": "{dataset}", "MODEL": "{checkpoint}/weights"}, **changes}
+    (root / "config" / "benchmarks" / "tiny.yaml").write_text(yaml.safe_dump(data))
+
+
+def settings(root: Path, system: str = "here") -> config.Settings:
+    return config.load({"benchmarks": ["tiny"], "system": system}, root)
+
+
+def test_plan_composes_the_run_sub_environment(tree):
+    plan = launch.plan_seed(settings(tree), "tiny", 2)
+    assert (plan.nodes, plan.gpus_per_node, plan.walltime_minutes) == (1, 1, 2)
+    assert plan.system_name == "CPU_1x1x4xtp1pp1cp1"
+    assert plan.env["SEED"] == "2" and plan.env["NEXP"] == "1" and plan.env["DGXSYSTEM"] == "CPU_1x1x4xtp1pp1cp1"
+    assert plan.env["DATADIR"] == str(tree / "resources" / "tiny" / "data")
+    assert plan.env["MODEL"] == str(tree / "resources" / "tiny" / "checkpoint" / "weights")
+    assert plan.env["MINIBS"] == "4"
+    assert "local run_and_time.sh" in plan.describe()
+    with pytest.raises(config.ConfigError, match="seed 7 is not a seed of tiny"):
+        launch.plan_seed(settings(tree), "tiny", 7)
+
+
+def test_slurm_plan_shows_the_sbatch_line(tree):
+    plan = launch.plan_seed(settings(tree, "cluster"), "tiny", 1)
+    line = plan.describe()
+    assert line.startswith("1 node x 1 GPUs (CPU_1x1x4xtp1pp1cp1), wall-time 2 min: sbatch ")
+    for part in ("--nodes=1", "--time=2", "--partition=batch", "--account=proj", "--exclude=bad1",
+                 str(tree / "implementations" / "tiny" / "run.sub")):
+        assert part in line
+    assert plan.local_threads == 1
+
+
+def test_a_user_path_recorded_by_a_stage_is_where_runs_read(tree):
+    folder = launch.stage_folder(tree, "tiny", "checkpoint")
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"location": "/members/only/ckpt"}))
+    assert launch.plan_seed(settings(tree), "tiny", 1).env["MODEL"] == "/members/only/ckpt/weights"
+
+
+def seed_paths(root: Path, seed: int) -> tuple[Path, Path]:
+    seed_dir = root / "results" / "tiny" / f"seed_{seed}"
+    return seed_dir / "mllog.txt", seed_dir / "run.log"
+
+
+@pytest.mark.slow
+def test_local_seed_runs_through_submitit_and_writes_only_mllog(tree):
+    out, log = seed_paths(tree, 1)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    text = out.read_text()
+    assert ":::MLLOG" in text and "run_stop" in text and "rank setup" not in text
+    assert "rank setup: DGXNGPU=1 SEED=1" in log.read_text()
+    job = json.loads((out.parent / "job.json").read_text())
+    assert job["scheduler"] == "local" and job["walltime_minutes"] == 2
+    assert not (out.parent / "failure.json").exists()
+
+
+@pytest.mark.slow
+def test_failed_attempt_is_retried_and_its_reason_kept_until_success(tree, monkeypatch):
+    write_benchmark(tree, retries=1)
+    monkeypatch.setenv("FAIL_ATTEMPTS", "1")
+    out, log = seed_paths(tree, 1)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert (out.parent / "attempts").read_text().strip() == "2"
+    assert out.exists() and not (out.parent / "failure.json").exists()
+
+
+@pytest.mark.slow
+def test_failure_leaves_logs_and_reason_but_no_mllog(tree, monkeypatch):
+    monkeypatch.setenv("FAIL_ATTEMPTS", "5")
+    out, log = seed_paths(tree, 2)
+    with pytest.raises(launch.SeedFailed, match="exited with 3"):
+        stages.train_seed(settings(tree), "tiny", 2, out, log)
+    failure = json.loads((out.parent / "failure.json").read_text())
+    assert failure["state"] == "FAILED" and failure["exit_code"] == 3
+    assert "boom on attempt 1" in log.read_text()
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_log_without_run_stop_is_not_a_result(tree, monkeypatch):
+    monkeypatch.setenv("NO_STOP", "1")
+    out, log = seed_paths(tree, 1)
+    with pytest.raises(launch.SeedFailed, match="no run_stop"):
+        stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert json.loads((out.parent / "failure.json").read_text())["state"] == "INCOMPLETE_LOG"
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_aborted_run_counts_or_reruns_as_the_benchmark_says(tree, monkeypatch):
+    monkeypatch.setenv("STATUS", "aborted")
+    out, log = seed_paths(tree, 1)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)  # not_converged: count (MLPerf)
+    assert '"status": "aborted"' in out.read_text()
+    write_benchmark(tree, not_converged="rerun")
+    out2, log2 = seed_paths(tree, 2)
+    with pytest.raises(launch.SeedFailed, match="aborted"):
+        stages.train_seed(settings(tree), "tiny", 2, out2, log2)
+    assert json.loads((out2.parent / "failure.json").read_text())["state"] == "ABORTED"
+
+
+@pytest.mark.slow
+def test_wall_time_is_enforced(tree, monkeypatch):
+    # WALLTIME = WALLTIME_RUNANDTIME + 1 minutes; a run that sleeps longer is stopped.
+    monkeypatch.setenv("SLEEP", "600")
+    (tree / "implementations" / "tiny" / "config_CPU_1x1x4xtp1pp1cp1.sh").write_text(
+        CONFIG.replace("export WALLTIME=$((${WALLTIME_RUNANDTIME} + 1))", "export WALLTIME=1"))
+    launch._pick_config.cache_clear()
+    out, log = seed_paths(tree, 1)
+    with pytest.raises(launch.SeedFailed, match="timeout"):
+        stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert json.loads((out.parent / "failure.json").read_text())["state"] == "TIMEOUT"
+    assert not out.exists()
