@@ -104,6 +104,12 @@ class SeedPlan:
         # A local seed occupies one core per rank; a Slurm seed only waits on the head node.
         return self.ranks if self.scheduler == "local" else 1
 
+    @property
+    def local_mem_mb(self) -> int:
+        # Same reasoning: a waiting Slurm seed must not hold the head node's memory budget,
+        # or Snakemake would queue only as many seeds as fit in it.
+        return 1000 * self.ranks if self.scheduler == "local" else 100
+
     def describe(self) -> str:
         shape = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} GPUs ({self.system_name})"
         head = f"{shape}, wall-time {self.walltime_minutes} min"

@@ -43,7 +43,7 @@ def seed_plan(wc, attribute):
     """
     if not implementation_fetched(wc.benchmark):
         return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
-                "walltime_minutes": 60}[attribute]
+                "local_mem_mb": 100, "walltime_minutes": 60}[attribute]
     value = getattr(launch.plan_seed(SETTINGS, wc.benchmark, int(wc.seed)), attribute)
     return value() if callable(value) else value
 

@@ -17,6 +17,7 @@ rule train_seed:
     threads: lambda wc: seed_plan(wc, "local_threads")
     resources:
         runtime=lambda wc: seed_plan(wc, "walltime_minutes"),
+        mem_mb=lambda wc: seed_plan(wc, "local_mem_mb"),
     localrule: True
     script:
         "../scripts/stage.py"
