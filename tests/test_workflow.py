@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -133,3 +134,13 @@ def test_deleted_seed_is_the_only_one_recomputed(finished):
     run_snakemake(ws, *PROFILE)
     assert (ws / "results" / "mini_lora" / "seed_4" / "mllog.txt").exists()
     assert {p: p.stat().st_mtime_ns for p in others} == others
+
+
+def test_snakemake_report_includes_score_and_plots(finished, tmp_path):
+    import zipfile
+
+    ws = finished["ws"]
+    run_snakemake(ws, *PROFILE, "results/mini_lora/report.html", "--report", str(tmp_path / "report.zip"))
+    names = [Path(n).name for n in zipfile.ZipFile(tmp_path / "report.zip").namelist()]
+    for item in ("score.json", "report.html", "convergence.svg", "time_to_train.svg"):
+        assert item in names, f"{item} missing from snakemake --report"
