@@ -20,7 +20,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -150,9 +149,8 @@ def slurm_run(slurm_cluster, tmp_path_factory):
     repo, commit = make_fixture_repo(root)
     ws = make_workspace(root / "ws")
     add_fixture_benchmark(ws, repo, commit)
-    started = time.monotonic()
     proc = snakemake(ws, *SLURM_ARGS, timeout=1800)
-    return {"ws": ws, "repo": repo, "commit": commit, "proc": proc, "seconds": time.monotonic() - started}
+    return {"ws": ws, "repo": repo, "commit": commit, "proc": proc}
 
 
 @pytest.mark.slurm

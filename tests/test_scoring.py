@@ -254,3 +254,13 @@ def test_matches_official_result_summarizer(tmp_path, case):
     assert abs(score["score_minutes"] - float(row[f"{benchmark}:time_to_train"])) < 1e-3
     assert score["rcp"]["scaling_factor"] == pytest.approx(float(row[f"{benchmark}:rcp_scaling_factor"]), rel=1e-12)
     assert score["rcp"]["scaling_factor"] > 1  # every case exercises the normalisation
+
+
+def test_rcp_with_too_few_runs_says_so_instead_of_nan():
+    from mlrepro import checkers
+
+    verdict = checkers.check_rcp(
+        [checkers.RcpRun(converged=True, samples_to_converge=4000, global_batch_size=8)] * 2,
+        benchmark="llama2_70b_lora", ruleset="5.0.0")
+    assert not verdict.get("pass") and "too few" in verdict["reason"]
+    json.dumps(verdict, allow_nan=False)  # score.json must stay valid JSON

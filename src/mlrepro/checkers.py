@@ -226,6 +226,10 @@ def check_rcp(runs: Sequence[RcpRun], *, benchmark: str, ruleset: str, usage: st
         max_speedup = rcp_mean / (float(record["Min Epochs"]) - 46080)
     ordered = sorted(samples)
     drop = 4 if benchmark == "unet3d" else 1
+    if len(ordered) <= 2 * drop:
+        out["reason"] = (f"{len(ordered)} converged runs are too few for the RCP mean "
+                         f"(it drops the {drop} fastest and the {drop} slowest)")
+        return out
     subm_mean = float(np.mean(ordered[drop:len(ordered) - drop]))
     norm = rcp_mean / subm_mean
     norm = 1.0 if norm < 1 else float(norm)

@@ -15,6 +15,16 @@ except mlrepro_config.ConfigError as error:
 SYSTEM = SETTINGS.system
 
 
+def check_implementation_configs():
+    """Fail before the DAG with a plain message when a benchmark has no config for this system."""
+    for name, bench in SETTINGS.benchmarks.items():
+        if implementation_fetched(name):
+            try:
+                launch.implementation_config(bench, SYSTEM)
+            except mlrepro_config.ConfigError as error:
+                raise WorkflowError(f"mlrepro configuration error:\n{error}") from None
+
+
 wildcard_constraints:
     benchmark="|".join(SETTINGS.benchmarks),
     seed=r"\d+",
@@ -51,6 +61,9 @@ def seed_plan(wc, attribute):
 def implementation_fetched(benchmark):
     bench = SETTINGS.benchmark(benchmark)
     return bench.implementation_git is None or Path(f"resources/{benchmark}/implementation.json").exists()
+
+
+check_implementation_configs()
 
 
 def all_targets():
