@@ -15,7 +15,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures.http_server import LocalHTTPServer, Misbehaviour  # noqa: E402
 
-from mlrepro import data  # noqa: E402
 from mlrepro.data import (  # noqa: E402
     DataError,
     DownloadError,
@@ -29,7 +28,6 @@ from mlrepro.data import (  # noqa: E402
     read_expected_mounts,
     require_token,
     run_download_script,
-    use_checkpoint,
     verify_mounts,
     write_manifest,
 )
@@ -321,15 +319,11 @@ def test_container_command_lines_keep_secrets_off_argv(tmp_path):
 
 # --------------------------------------------------------------------------- llama31_405b
 
-def test_405b_specs_match_published_totals():
-    for spec in (data.LLAMA31_405B_DATA, data.LLAMA31_405B_TOKENIZER, data.LLAMA31_405B_CHECKPOINT):
-        assert sum(spec["files"].values()) == spec["num_bytes"]
-    assert sorted(data.LLAMA31_405B_DATA["files"]) == [
-        f"c4-train.en_{i}_text_document.{e}" for i in (6, 7) for e in ("bin", "idx")
-    ] + [f"c4-validation-91205-samples.en_text_document.{e}" for e in ("bin", "idx")]
-
-
 def test_405b_cleanup_leaves_the_documented_files(tmp_path):
+    import yaml
+
+    bench = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/benchmarks/llama31_405b.yaml").read_text())
+    c4 = next(s for s in bench["dataset"]["sources"] if s.get("into") == "c4")
     d = tmp_path / "c4"
     d.mkdir()
     for i in range(8):
@@ -341,25 +335,11 @@ def test_405b_cleanup_leaves_the_documented_files(tmp_path):
         wrapped = d / f"c4-validation-91205-samples.en_text_document.{e}"
         wrapped.mkdir()
         (wrapped / f"c4-validationn-91205-samples.en_text_document.{e}").write_bytes(e.encode())
-    done = apply_cleanup(d)
+    done = apply_cleanup(d, c4["cleanup"])
     assert len(done) == 2 + 16
-    assert sorted(p.name for p in d.iterdir()) == sorted(data.LLAMA31_405B_DATA["files"])
+    # what the README says remains: training shards 6 and 7 and the 91205-sample validation set
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [f"c4-train.en_{i}_text_document.{e}" for i in (6, 7) for e in ("bin", "idx")]
+        + [f"c4-validation-91205-samples.en_text_document.{e}" for e in ("bin", "idx")])
     assert (d / "c4-validation-91205-samples.en_text_document.idx").read_bytes() == b"idx"
-    assert apply_cleanup(d) == []  # repeatable
-
-
-def test_use_checkpoint_verifies_sizes(tmp_path):
-    spec = {**data.LLAMA31_405B_CHECKPOINT, "files": {"context/io.json": 3, "weights/common.pt": 4},
-            "num_bytes": 7}
-    with pytest.raises(DataError, match="members only"):
-        use_checkpoint(tmp_path / "absent", spec)
-    ck = tmp_path / "ckpts" / "405b"
-    (ck / "context").mkdir(parents=True)
-    (ck / "weights").mkdir()
-    (ck / "context/io.json").write_bytes(b"abc")
-    (ck / "weights/common.pt").write_bytes(b"abcd")
-    (ck / "weights/.metadata").write_bytes(b"index")
-    assert use_checkpoint(tmp_path / "ckpts", spec) == ck
-    (ck / "weights/common.pt").write_bytes(b"abcde")
-    with pytest.raises(DataError, match="common.pt is 5 bytes, expected 4"):
-        use_checkpoint(ck, spec)
+    assert apply_cleanup(d, c4["cleanup"]) == []  # repeatable
