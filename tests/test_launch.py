@@ -178,3 +178,38 @@ def test_wall_time_is_enforced(tree, monkeypatch):
         stages.train_seed(settings(tree), "tiny", 1, out, log)
     assert json.loads((out.parent / "failure.json").read_text())["state"] == "TIMEOUT"
     assert not out.exists()
+
+
+def test_dataset_stage_from_a_hub_source_with_a_token_and_a_manifest(tree, monkeypatch):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fixtures.http_server import LocalHTTPServer
+
+    token = "hf_stage_test_token_0123456789abcdef"
+    files = {"train.npy": b"t" * 3000, "validation.npy": b"v" * 500, "README.md": b"readme"}
+    (tree / "implementations" / "tiny" / "expected-mounts.csv").write_text(
+        "key,type,relative_path,num_files,num_bytes\n"
+        "DATADIR,file,train.npy,1,3000\nDATADIR,file,validation.npy,1,500\nDATADIR,dir,.,2,3500\n")
+    write_benchmark(tree, dataset={"needs_token": True, "sources": [
+        {"hub": {"repo_id": "org/gov", "repo_type": "dataset", "allow_patterns": ["*.npy"]},
+         "expected_mounts": "DATADIR"}]})
+    out = tree / "resources" / "tiny" / "data" / "manifest.json"
+    log = tree / "logs" / "dataset.log"
+    monkeypatch.chdir(tree)
+    with LocalHTTPServer(require_token=token) as hub:
+        hub.add_hub_repo("org/gov", files, repo_type="dataset")
+        monkeypatch.setenv("HF_ENDPOINT", hub.url(""))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        from mlrepro import data
+
+        with pytest.raises(data.MissingTokenError, match="HF_TOKEN"):
+            stages.dataset(settings(tree), "tiny", out, log)
+        assert not hub.requests, "a missing token must fail before any request"
+        monkeypatch.setenv("HF_TOKEN", token)
+        stages.dataset(settings(tree), "tiny", out, log)
+    manifest = json.loads(out.read_text())
+    assert sorted(f["path"] for f in manifest["files"]) == ["train.npy", "validation.npy"]
+    assert (out.parent / "train.npy").read_bytes() == files["train.npy"]
+    for path in [*tree.rglob("*.json"), *tree.rglob("*.log")]:
+        assert token not in path.read_text(errors="replace"), f"token leaked into {path}"

@@ -89,6 +89,10 @@ def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out
                 checked = where
                 if "script" in source:
                     _run_script(source, impl, where, image, log_path, bench.env)
+                elif "hub" in source:
+                    hub = source["hub"]
+                    data.hub_download(hub["repo_id"], where, repo_type=hub["repo_type"], revision=hub.get("revision"),
+                                      allow_patterns=hub.get("allow_patterns"), token_required=spec["needs_token"])
                 else:
                     data.run_logged(["rclone", "copy", source["rclone"], str(where)], env={}, log_path=log_path)
                 if source.get("cleanup"):
