@@ -320,6 +320,7 @@ def _transfer(url: str, part: Path, *, expected_size: int | None, token: str | N
 
     try:
         resp = _opener.open(req, timeout=timeout)
+    # Errors are not chained: the HTTP error carries the URL, and signed URLs hold credentials.
     except urllib.error.HTTPError as err:
         with err:
             if err.code == 416 and offset:
@@ -329,20 +330,20 @@ def _transfer(url: str, part: Path, *, expected_size: int | None, token: str | N
                 if total is None or total == offset:
                     return
                 part.unlink()
-                raise _RetryLater(f"server says the file has {total} bytes, local part has {offset}", 0.0)
+                raise _RetryLater(f"server says the file has {total} bytes, local part has {offset}", 0.0) from None
             if err.code in _RETRY_STATUS:
-                raise _RetryLater(f"HTTP {err.code} {err.reason}", _retry_after(err.headers.get("Retry-After")))
+                raise _RetryLater(f"HTTP {err.code} {err.reason}", _retry_after(err.headers.get("Retry-After"))) from None
             if err.code in (401, 403):
                 raise DownloadError(
                     f"download of {shown} refused: HTTP {err.code} {err.reason}. The source needs a valid "
-                    f"token with access to it{'' if token else ', and none was given'}.")
-            raise DownloadError(f"download of {shown} failed: HTTP {err.code} {err.reason}")
+                    f"token with access to it{'' if token else ', and none was given'}.") from None
+            raise DownloadError(f"download of {shown} failed: HTTP {err.code} {err.reason}") from None
     except urllib.error.URLError as err:
         if isinstance(err.reason, (ConnectionError, socket.timeout, TimeoutError, OSError)):
-            raise _RetryLater(f"connection failed: {err.reason}", None)
-        raise DownloadError(f"download of {shown} failed: {err.reason}")
+            raise _RetryLater(f"connection failed: {err.reason}", None) from None
+        raise DownloadError(f"download of {shown} failed: {err.reason}") from None
     except _CONNECTION_ERRORS as err:
-        raise _RetryLater(f"connection failed: {err!r}", None)
+        raise _RetryLater(f"connection failed: {err!r}", None) from None
 
     with resp:
         if resp.status == 206:
