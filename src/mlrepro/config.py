@@ -100,6 +100,7 @@ class System:
     account: str | None = None
     exclude_nodes: tuple[str, ...] = ()
     container_runtime: str = "none"
+    container_registry: str | None = None
     implementation_configs: dict = field(default_factory=dict)
     slurm_status_command: str = "sacct"
     slurm_poll_seconds: float = 30.0
@@ -210,6 +211,7 @@ def load_system(root: Path, name: str) -> System:
         account=data["account"],
         exclude_nodes=tuple(data["exclude_nodes"]),
         container_runtime=data["container_runtime"],
+        container_registry=data["container_registry"],
         implementation_configs=dict(data["implementation_configs"]),
         slurm_status_command=slurm.get("status_command", "sacct"),
         slurm_poll_seconds=float(slurm.get("poll_seconds", 30)),

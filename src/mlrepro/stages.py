@@ -44,8 +44,10 @@ def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> N
             "context": str(folder),
             "dockerfile": str(folder / "Dockerfile"),
             "tag": f"mlrepro/{benchmark}:{folder.name.lower()}",
-            # pyxis/enroot clusters run a squashfs image; a podman system runs the image itself.
-            "sqsh": str(settings.root / "resources" / benchmark / "image.sqsh") if runtime == "enroot" else None,
+            # pyxis/enroot clusters run a squashfs image (or pull a pushed one); podman runs the image itself.
+            "sqsh": (str(settings.root / "resources" / benchmark / "image.sqsh")
+                     if runtime == "enroot" and not settings.system.container_registry else None),
+            "push": settings.system.container_registry,
         },
         out,
     )
