@@ -17,10 +17,10 @@ system-deps:
 	fi
 
 cluster: install
-	$(SUDO) mlrepro cluster up
+	$(SUDO) $(PY) -m mlrepro cluster up
 
 mini: install
-	snakemake --profile profiles/local
+	$(PY) -m snakemake --profile profiles/local
 
 test: install system-deps cluster
 	$(PY) -m pytest tests
