@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -115,8 +116,6 @@ def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out
 
 
 def _user_folder(source: dict) -> Path:
-    import os
-
     from mlrepro import data
 
     name = source["user_path"]
@@ -139,8 +138,6 @@ def _stage_image(settings, benchmark: str) -> str | None:
 
 
 def _run_script(source: dict, impl: Path, where: Path, image: str | None, log_path: Path, env: dict) -> None:
-    import os
-
     from mlrepro import data
 
     if image is None:
