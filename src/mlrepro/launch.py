@@ -255,12 +255,10 @@ def _kill_stale_local_run(seed_dir: Path) -> None:
             os.killpg(int((seed_dir / "run.pid").read_text()), signal.SIGKILL)
 
 
-def _local_env(plan: SeedPlan, logdir: Path, device: str) -> dict:
-    # The whole environment, as sbatch --export=ALL gives run.sub on a cluster.
-    env = {**os.environ, **plan.env, "LOGDIR": str(logdir), "DATESTAMP": time.strftime("%y%m%d%H%M%S")}
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
+def _run_env(plan: SeedPlan, logdir: Path, **extra: str) -> dict:
+    """What the run is started with, locally or by sbatch: the whole environment (as
+    sbatch --export=ALL passes it), the plan's settings and the attempt's LOGDIR."""
+    return {**os.environ, **plan.env, "LOGDIR": str(logdir), **extra}
 
 
 def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
@@ -278,7 +276,8 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
     executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
                                signal_delay_s=5)
-    env = _local_env(plan, logdir, system.device)
+    env = _run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"),
+                   **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu" else {}))
     job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(run_log), str(seed_dir / "run.pid"))
     atomic_write_json(
         seed_dir / "job.json",
@@ -317,10 +316,6 @@ def _read_json(path: Path) -> dict | None:
     return None
 
 
-def _slurm_env(plan: SeedPlan, logdir: Path, container_image: str) -> dict:
-    return {**os.environ, **plan.env, "LOGDIR": str(logdir), "CONT": container_image}
-
-
 def _container_image(plan: SeedPlan) -> str:
     """What run.sub gets as CONT: the .sqsh, the pushed or built image, or `none` to run on the host."""
     record = _read_json(plan.seed_dir.parent / "container.json") or {}
@@ -343,7 +338,7 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
         account=system.account,
         job_name=job_name(plan.benchmark, plan.seed, plan.seed_dir),
         output=str(logdir / "slurm-%j.out"),
-        env=_slurm_env(plan, logdir, _container_image(plan)),
+        env=_run_env(plan, logdir, CONT=_container_image(plan)),
         workdir=str(logdir),
     )
     exclude = tuple(system.exclude_nodes) + tuple(n for n in suspects if n not in system.exclude_nodes)
