@@ -1,0 +1,244 @@
+"""Choose the layout: enumerate what the divisibility rules allow, price each candidate with the
+memory and cost models, and let an integer program in pulp select the fastest one that fits.
+
+The program has one binary per candidate layout (TP, PP, CP, DP, VPP, MBS, GA, SP, recompute,
+FP8_ACT), exactly one chosen, the chosen one's predicted memory at most GPU memory x margin and
+its TP group inside the NVLink domain; the objective is the step time (fixed GBS) or the time to
+train (steps to the RCP's samples x step time); among layouts within 1% of the fastest the
+simplest (most data-parallel) is taken, in a second solve. Candidates that another beats on memory, time
+and TP at once can never be the optimum, so only the Pareto front enters the program, which
+keeps it small at 1,024 GPUs. Everything else is still ranked for the table.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+
+import pandas as pd
+import pulp
+
+from mlrepro.plan import cost, memory
+from mlrepro.plan.hardware import SystemFacts
+from mlrepro.plan.layout import Layout
+from mlrepro.plan.workloads import Workload
+
+DEFAULT_MARGIN = 0.95
+DEFAULT_TOLERANCE = 0.01
+# MINIBS values tried for benchmarks whose GBS is MINIBS x DP: powers of two and the values
+# NVIDIA's v5.0 configs use (24, 56, 64, 72, 112, 288).
+GA_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 56, 64, 72, 96, 112, 128, 144, 192, 256, 288, 384, 512,
+              576, 768, 1024)
+
+REASONS = {
+    "divide": "TP x PP x CP does not divide the GPU count",
+    "heads": "attention heads (or KV groups) not divisible by TP",
+    "nvlink": "TP group larger than the NVLink domain",
+    "layers": "layers not divisible by PP",
+    "seq": "sequence not divisible into 2 x CP chunks",
+    "gbs": "GBS not divisible by MBS x DP",
+    "rcp": "GBS above the largest batch size with reference convergence points",
+    "memory": "predicted memory above GPU memory x margin",
+}
+
+
+class PlanError(ValueError):
+    """No layout can run; the message says why, with numbers."""
+
+
+@dataclasses.dataclass
+class Plan:
+    workload: Workload
+    facts: SystemFacts
+    margin: float
+    best: dict  # the chosen row
+    table: pd.DataFrame  # best plans first
+    rejected: collections.Counter
+    evaluated: int
+    solve_seconds: float
+
+    @property
+    def layout(self) -> Layout:
+        return self.best["layout"]
+
+    def rejected_table(self) -> pd.DataFrame:
+        rows = [{"reason": REASONS[k], "layouts": v} for k, v in self.rejected.most_common()]
+        return pd.DataFrame(rows, columns=["reason", "layouts"])
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _options(w: Workload, tp: int):
+    recomputes = ("none", "full") if w.training.flash_attention else ("none", "selective", "full")
+    sps = (False, True) if tp > 1 else (False,)
+    fp8s = (False, True) if w.training.fp8_act_knob and w.model.mlp == "swiglu" else (False,)
+    return [(mbs, sp, rc, f8) for mbs in w.mbs_choices for sp in sps for rc in recomputes for f8 in fp8s]
+
+
+def _gas(w: Workload, mbs: int, dp: int, largest: int | None) -> tuple[list[int], int, int]:
+    """(micro-batch counts allowed, rejected for divisibility, rejected for the RCP range)."""
+    if w.fixed_gbs:
+        if w.gbs % (mbs * dp):
+            return [], 1, 0
+        return [w.gbs // (mbs * dp)], 0, 0
+    ok = [ga for ga in GA_CHOICES if largest is None or mbs * ga * dp <= largest]
+    return ok, 0, len(GA_CHOICES) - len(ok)
+
+
+def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None = None):
+    """Every layout the rules allow, priced: (rows, rejection counts)."""
+    m = w.model
+    gpus = facts.gpus
+    limit = facts.gpu_memory_gb * margin * memory.GB
+    largest = w.largest_gbs()
+    rejected: collections.Counter = collections.Counter()
+    rows = []
+    divs = _divisors(gpus)
+    for tp in divs:
+        opts = _options(w, tp)
+        inner = len(opts) * (1 if w.fixed_gbs else len(GA_CHOICES))
+        for cp in divs:
+            for pp in divs:
+                if gpus % (tp * cp * pp):
+                    rejected["divide"] += inner
+                    continue
+                if m.heads % tp or m.kv_heads % tp:
+                    rejected["heads"] += inner
+                    continue
+                if m.pipeline_units % pp:
+                    rejected["layers"] += inner
+                    continue
+                if m.seq % (2 * cp if cp > 1 else 1):
+                    rejected["seq"] += inner
+                    continue
+                dp = gpus // (tp * cp * pp)
+                per_stage = m.pipeline_units // pp
+                vpps = [1] + ([v for v in (2, 4, 8) if per_stage % v == 0] if pp > 1 else [])
+                for vpp in vpps:
+                    for mbs, sp, rc, f8 in opts:
+                        gas, bad_div, bad_rcp = _gas(w, mbs, dp, largest)
+                        rejected["gbs"] += bad_div
+                        rejected["rcp"] += bad_rcp
+                        mem_cache: dict[int, memory.Memory] = {}
+                        for ga in gas:
+                            lay = Layout(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, ga=ga, sp=sp, recompute=rc,
+                                         vpp=vpp, fp8_act=f8)
+                            key = min(pp, ga)
+                            if key not in mem_cache:
+                                mem_cache[key] = memory.estimate(w, lay)
+                            mem = mem_cache[key]
+                            if tp > facts.nvlink_domain:
+                                rejected["nvlink"] += 1
+                            elif mem.total > limit:
+                                rejected["memory"] += 1
+                            step = cost.estimate(w, lay, facts, mfu)
+                            rows.append(_row(w, lay, mem, step, facts))
+    return rows, rejected
+
+
+def _row(w: Workload, lay: Layout, mem: memory.Memory, step: cost.StepTime, facts: SystemFacts) -> dict:
+    samples = w.samples_to_converge(lay.gbs)
+    steps = math.ceil(samples / lay.gbs) if samples is not None else None
+    objective = step.total * steps if steps is not None else step.total
+    return {
+        "layout": lay, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vpp": lay.vpp,
+        "mbs": lay.mbs, "ga": lay.ga, "gbs": lay.gbs, "sp": lay.sp, "recompute": lay.recompute,
+        "fp8_act": lay.fp8_act, "memory_gb": mem.total / memory.GB, "memory": mem,
+        "step_s": step.total, "bubble": step.bubble,
+        "comm_s": step.tp_comm + step.cp_comm + step.pp_comm + step.dp_comm,
+        "steps": steps, "objective_s": objective, "step": step,
+    }
+
+
+def _simplicity(r: dict) -> float:
+    """Lower is simpler: fewer GPUs per model replica, then no recompute, no FP8 activations, and
+    the smaller TP (whose price rests most on an assumed overlap, Training.tp_comm_overlap)."""
+    return (r["tp"] * r["cp"] * r["pp"] + 0.01 * (r["recompute"] != "none") + 0.01 * r["fp8_act"]
+            + 0.001 * r["tp"])
+
+
+def _pareto(rows: list[dict]) -> list[dict]:
+    """Rows no other row beats (or ties) on memory, objective, TP and simplicity all at once."""
+    ordered = sorted(rows, key=lambda r: (r["objective_s"], r["memory_gb"], r["tp"], _simplicity(r)))
+    front: list[dict] = []
+    for r in ordered:
+        if not any(f["memory_gb"] <= r["memory_gb"] and f["tp"] <= r["tp"] and _simplicity(f) <= _simplicity(r)
+                   for f in front):
+            front.append(r)
+    return front
+
+
+def select(rows: list[dict], limit_gb: float, nvlink_domain: int, tolerance: float = DEFAULT_TOLERANCE) -> dict | None:
+    """The pulp integer program: one layout that fits memory and NVLink, fastest first.
+
+    Lexicographic: the fastest time T*, then among layouts within T* x (1 + tolerance) (the cost
+    model's resolution) the simplest one, i.e. the most data parallel, because a model that cannot
+    tell two layouts apart should not buy model parallelism or recomputation for nothing.
+    """
+    pool = _pareto(rows)
+    x = [pulp.LpVariable(f"x{i}", cat="Binary") for i in range(len(pool))]
+    time_expr = pulp.lpSum(r["objective_s"] * v for r, v in zip(pool, x))
+
+    def solve(objective, *extra):
+        prob = pulp.LpProblem("layout", pulp.LpMinimize)
+        prob += objective
+        prob += pulp.lpSum(x) == 1, "one_layout"
+        prob += pulp.lpSum(r["memory_gb"] * v for r, v in zip(pool, x)) <= limit_gb, "memory"
+        prob += pulp.lpSum(r["tp"] * v for r, v in zip(pool, x)) <= nvlink_domain, "tp_in_nvlink"
+        for constraint in extra:
+            prob += constraint
+        status = prob.solve(pulp.PULP_CBC_CMD(msg=False, threads=1))
+        if pulp.LpStatus[status] != "Optimal":
+            return None
+        return next((r for r, v in zip(pool, x) if (v.value() or 0) > 0.5), None)
+
+    fastest = solve(time_expr)
+    if fastest is None:
+        return None
+    bound = fastest["objective_s"] * (1 + tolerance)
+    simplest = solve(pulp.lpSum((_simplicity(r) + 1e-9 * r["objective_s"]) * v for r, v in zip(pool, x)),
+                     time_expr <= bound)
+    return simplest or fastest
+
+
+def plan(w: Workload, facts: SystemFacts, *, margin: float = DEFAULT_MARGIN, mfu: float | None = None,
+         top: int = 10, tolerance: float = DEFAULT_TOLERANCE) -> Plan:
+    started = time.perf_counter()
+    rows, rejected = candidates(w, facts, margin, mfu)
+    limit_gb = facts.gpu_memory_gb * margin
+    feasible = [r for r in rows if r["memory_gb"] <= limit_gb and r["tp"] <= facts.nvlink_domain]
+    best = select(rows, limit_gb, facts.nvlink_domain, tolerance) if rows else None
+    if best is None:
+        raise PlanError(explain_failure(w, facts, margin, rows, rejected))
+    feasible.sort(key=lambda r: (r["objective_s"], r["memory_gb"]))
+    ranked = [best] + [r for r in feasible if r is not best][: top - 1]
+    table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("layout", "memory", "step")} for r in ranked])
+    table.insert(0, "rank", range(1, len(table) + 1))
+    return Plan(workload=w, facts=facts, margin=margin, best=best, table=table, rejected=rejected,
+                evaluated=len(rows), solve_seconds=time.perf_counter() - started)
+
+
+def explain_failure(w: Workload, facts: SystemFacts, margin: float, rows: list[dict], rejected) -> str:
+    m = w.model
+    head = f"no layout of {m.name} runs on {facts.gpus} x {facts.gpu} ({facts.name}): "
+    counts = "; ".join(f"{REASONS[k]}: {v}" for k, v in rejected.most_common())
+    if rows:
+        smallest = min(rows, key=lambda r: r["memory_gb"])
+        total = m.total_params()
+        return (head + f"the smallest predicted memory is {smallest['memory_gb']:.1f} GB per GPU "
+                f"({smallest['layout'].short()}), above {facts.gpu_memory_gb:g} GB x {margin:g} = "
+                f"{facts.gpu_memory_gb * margin:.1f} GB. The model has {total / 1e9:.1f}B parameters; "
+                "more GPUs (for TP/PP/CP) or more memory per GPU are needed. Rejected layouts by reason: " + counts)
+    if w.fixed_gbs and rejected.get("gbs"):
+        dps = sorted({facts.gpus // (tp * cp * pp) for tp in _divisors(facts.gpus) for cp in _divisors(facts.gpus)
+                      for pp in _divisors(facts.gpus) if facts.gpus % (tp * cp * pp) == 0
+                      and m.pipeline_units % pp == 0 and m.heads % tp == 0})
+        return (head + f"the global batch {w.gbs} is not divisible by MBS x DP for any layout: DP can be "
+                f"{', '.join(map(str, dps))} and MBS {', '.join(map(str, w.mbs_choices))}. Choose a GBS that is "
+                f"a multiple of some DP (e.g. {w.gbs - w.gbs % dps[-1] or dps[-1]} or "
+                f"{w.gbs + dps[-1] - w.gbs % dps[-1]} for DP {dps[-1]}). Rejected layouts by reason: " + counts)
+    return head + "every layout breaks a rule. Rejected layouts by reason: " + counts
