@@ -8,8 +8,9 @@ recompute adds one more forward of every layer, selective recompute one of core 
 Communication time of a collective is bytes x 2(n-1)/n / busbw for an all-reduce (the nccl-tests
 definition of bus bandwidth); a group reaches over NVLink when the GPUs it spans (Megatron's
 rank order: TP innermost, then CP, DP, PP) lie inside one NVLink domain. Nothing is assumed to
-overlap with compute, which makes the estimate an upper bound that ranks communication-heavy
-layouts conservatively; only TP communication can be declared hidden (tp_comm_overlap). The 1F1B bubble adds (p-1)/v micro-batch times to the m of a step.
+overlap with compute except the share of TP communication a workload declares hidden
+(tp_comm_overlap), which makes the estimate an upper bound that ranks communication-heavy
+layouts conservatively. The 1F1B bubble adds (p-1)/v micro-batch times to the m of a step.
 """
 
 from __future__ import annotations
@@ -66,7 +67,24 @@ def _allreduce(nbytes: float, n: int, busbw: float) -> float:
     return 0.0 if n <= 1 else nbytes * 2 * (n - 1) / n / busbw
 
 
-def estimate(w: Workload, lay: Layout, facts: SystemFacts, mfu: float | None = None) -> StepTime:
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """Seconds one micro-batch costs on one GPU, and the per-step DP reduction."""
+
+    compute: float
+    tp_comm: float
+    cp_comm: float
+    pp_comm: float
+    dp_comm: float
+
+    def step(self, ga: int, pp: int, vpp: int) -> StepTime:
+        slots = ga + (pp - 1) / vpp
+        return StepTime(compute=slots * self.compute, tp_comm=slots * self.tp_comm, cp_comm=slots * self.cp_comm,
+                        pp_comm=slots * self.pp_comm, dp_comm=self.dp_comm, bubble=(pp - 1) / vpp / slots)
+
+
+def microbatch(w: Workload, lay: Layout, facts: SystemFacts, mfu: float | None = None) -> MicroBatch:
+    """The parts of a step that do not depend on the number of micro-batches (lay.ga)."""
     m = w.model
     mfu = mfu or facts.mfu
     per_gpu = microbatch_flops(w, lay) / (lay.tp * lay.cp * lay.pp)
@@ -89,11 +107,11 @@ def estimate(w: Workload, lay: Layout, facts: SystemFacts, mfu: float | None = N
     if lay.pp > 1:
         act = tokens * m.hidden * 2 / (lay.tp if lay.sp else 1)
         pp_mb = 2 * lay.vpp * act / _busbw(facts, lay.tp * lay.cp * lay.dp * 2)
-    slots = lay.ga + (lay.pp - 1) / lay.vpp
-    bubble = (lay.pp - 1) / lay.vpp / slots
     # DP (with CP: gradients are reduced over both), once per step, in fp32.
     _, trainable = memory.stage_params(w, lay)
-    group = lay.dp * lay.cp
-    dp = _allreduce(trainable * 4, group, _busbw(facts, lay.tp * lay.cp * lay.dp))
-    return StepTime(compute=slots * t_mb, tp_comm=slots * tp_mb, cp_comm=slots * cp_mb,
-                    pp_comm=slots * pp_mb, dp_comm=dp, bubble=bubble)
+    dp = _allreduce(trainable * 4, lay.dp * lay.cp, _busbw(facts, lay.tp * lay.cp * lay.dp))
+    return MicroBatch(compute=t_mb, tp_comm=tp_mb, cp_comm=cp_mb, pp_comm=pp_mb, dp_comm=dp)
+
+
+def estimate(w: Workload, lay: Layout, facts: SystemFacts, mfu: float | None = None) -> StepTime:
+    return microbatch(w, lay, facts, mfu).step(lay.ga, lay.pp, lay.vpp)

@@ -53,18 +53,18 @@ class Plan:
     workload: Workload
     facts: SystemFacts
     margin: float
-    best: dict  # the chosen row
-    table: pd.DataFrame  # best plans first
+    best: Candidate
+    table: pd.DataFrame  # best plans first, the chosen one at rank 1
     rejected: collections.Counter
     evaluated: int
     solve_seconds: float
 
     @property
     def layout(self) -> Layout:
-        return self.best["layout"]
+        return self.best.layout
 
     def rejected_table(self) -> pd.DataFrame:
-        rows = [{"reason": REASONS[k], "layouts": v} for k, v in self.rejected.most_common()]
+        rows = [{"reason": REASONS[k], "layouts": v} for k, v in (+self.rejected).most_common()]
         return pd.DataFrame(rows, columns=["reason", "layouts"])
 
 
@@ -89,14 +89,46 @@ def _gas(w: Workload, mbs: int, dp: int, largest: int | None) -> tuple[list[int]
     return ok, 0, len(GA_CHOICES) - len(ok)
 
 
+class Candidate:
+    """One priced layout; light, because there are tens of thousands at 1,024 GPUs."""
+
+    __slots__ = ("base", "ga", "mem", "parts", "steps", "memory_gb", "objective_s", "tp", "simplicity")
+
+    def __init__(self, base: Layout, ga: int, mem: memory.Memory, parts: cost.MicroBatch, steps: int | None):
+        self.base, self.ga, self.mem, self.parts, self.steps = base, ga, mem, parts, steps
+        self.memory_gb = mem.total / memory.GB
+        step = parts.step(ga, base.pp, base.vpp).total
+        self.objective_s = step * steps if steps is not None else step
+        self.tp = base.tp
+        # Lower is simpler: fewer GPUs per model replica, then no recompute, no FP8 activations,
+        # and the smaller TP (whose price rests most on an assumed overlap, tp_comm_overlap).
+        self.simplicity = (base.tp * base.cp * base.pp + 0.01 * (base.recompute != "none")
+                           + 0.01 * base.fp8_act + 0.001 * base.tp)
+
+    @property
+    def layout(self) -> Layout:
+        return dataclasses.replace(self.base, ga=self.ga)
+
+    def row(self) -> dict:
+        lay = self.layout
+        step = self.parts.step(self.ga, lay.pp, lay.vpp)
+        return {
+            "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vpp": lay.vpp, "mbs": lay.mbs, "ga": lay.ga,
+            "gbs": lay.gbs, "sp": lay.sp, "recompute": lay.recompute, "fp8_act": lay.fp8_act,
+            "memory_gb": round(self.memory_gb, 2), "step_s": round(step.total, 4), "bubble": round(step.bubble, 4),
+            "comm_s": round(step.tp_comm + step.cp_comm + step.pp_comm + step.dp_comm, 4),
+            "steps": self.steps, "objective_s": round(self.objective_s, 3),
+        }
+
+
 def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None = None):
-    """Every layout the rules allow, priced: (rows, rejection counts)."""
+    """Every layout the rules allow, priced: (candidates, rejection counts)."""
     m = w.model
     gpus = facts.gpus
     limit = facts.gpu_memory_gb * margin * memory.GB
     largest = w.largest_gbs()
     rejected: collections.Counter = collections.Counter()
-    rows = []
+    out: list[Candidate] = []
     divs = _divisors(gpus)
     for tp in divs:
         opts = _options(w, tp)
@@ -123,56 +155,48 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                         gas, bad_div, bad_rcp = _gas(w, mbs, dp, largest)
                         rejected["gbs"] += bad_div
                         rejected["rcp"] += bad_rcp
+                        if not gas:
+                            continue
+                        base = Layout(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, ga=1, sp=sp, recompute=rc, vpp=vpp,
+                                      fp8_act=f8)
+                        parts = cost.microbatch(w, base, facts, mfu)
                         mem_cache: dict[int, memory.Memory] = {}
                         for ga in gas:
-                            lay = Layout(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, ga=ga, sp=sp, recompute=rc,
-                                         vpp=vpp, fp8_act=f8)
                             key = min(pp, ga)
                             if key not in mem_cache:
-                                mem_cache[key] = memory.estimate(w, lay)
+                                mem_cache[key] = memory.estimate(w, dataclasses.replace(base, ga=ga))
                             mem = mem_cache[key]
                             if tp > facts.nvlink_domain:
                                 rejected["nvlink"] += 1
                             elif mem.total > limit:
                                 rejected["memory"] += 1
-                            step = cost.estimate(w, lay, facts, mfu)
-                            rows.append(_row(w, lay, mem, step, facts))
-    return rows, rejected
+                            gbs = mbs * ga * dp
+                            samples = w.samples_to_converge(gbs)
+                            steps = math.ceil(samples / gbs) if samples is not None else None
+                            out.append(Candidate(base, ga, mem, parts, steps))
+    return out, rejected
 
 
-def _row(w: Workload, lay: Layout, mem: memory.Memory, step: cost.StepTime, facts: SystemFacts) -> dict:
-    samples = w.samples_to_converge(lay.gbs)
-    steps = math.ceil(samples / lay.gbs) if samples is not None else None
-    objective = step.total * steps if steps is not None else step.total
-    return {
-        "layout": lay, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vpp": lay.vpp,
-        "mbs": lay.mbs, "ga": lay.ga, "gbs": lay.gbs, "sp": lay.sp, "recompute": lay.recompute,
-        "fp8_act": lay.fp8_act, "memory_gb": mem.total / memory.GB, "memory": mem,
-        "step_s": step.total, "bubble": step.bubble,
-        "comm_s": step.tp_comm + step.cp_comm + step.pp_comm + step.dp_comm,
-        "steps": steps, "objective_s": objective, "step": step,
-    }
-
-
-def _simplicity(r: dict) -> float:
-    """Lower is simpler: fewer GPUs per model replica, then no recompute, no FP8 activations, and
-    the smaller TP (whose price rests most on an assumed overlap, Training.tp_comm_overlap)."""
-    return (r["tp"] * r["cp"] * r["pp"] + 0.01 * (r["recompute"] != "none") + 0.01 * r["fp8_act"]
-            + 0.001 * r["tp"])
-
-
-def _pareto(rows: list[dict]) -> list[dict]:
-    """Rows no other row beats (or ties) on memory, objective, TP and simplicity all at once."""
-    ordered = sorted(rows, key=lambda r: (r["objective_s"], r["memory_gb"], r["tp"], _simplicity(r)))
-    front: list[dict] = []
+def _pareto(rows: list[Candidate]) -> list[Candidate]:
+    """Candidates no other beats (or ties) on memory, objective, TP and simplicity all at once."""
+    ordered = sorted(rows, key=lambda r: (r.objective_s, r.memory_gb, r.tp, r.simplicity))
+    # First within each (TP, simplicity) class, where only memory is left to compare: O(n).
+    lowest: dict[tuple, float] = {}
+    reduced = []
     for r in ordered:
-        if not any(f["memory_gb"] <= r["memory_gb"] and f["tp"] <= r["tp"] and _simplicity(f) <= _simplicity(r)
-                   for f in front):
+        key = (r.tp, r.simplicity)
+        if r.memory_gb < lowest.get(key, float("inf")):
+            lowest[key] = r.memory_gb
+            reduced.append(r)
+    front: list[Candidate] = []
+    for r in reduced:
+        if not any(f.memory_gb <= r.memory_gb and f.tp <= r.tp and f.simplicity <= r.simplicity for f in front):
             front.append(r)
     return front
 
 
-def select(rows: list[dict], limit_gb: float, nvlink_domain: int, tolerance: float = DEFAULT_TOLERANCE) -> dict | None:
+def select(rows: list[Candidate], limit_gb: float, nvlink_domain: int,
+           tolerance: float = DEFAULT_TOLERANCE) -> Candidate | None:
     """The pulp integer program: one layout that fits memory and NVLink, fastest first.
 
     Lexicographic: the fastest time T*, then among layouts within T* x (1 + tolerance) (the cost
@@ -181,14 +205,14 @@ def select(rows: list[dict], limit_gb: float, nvlink_domain: int, tolerance: flo
     """
     pool = _pareto(rows)
     x = [pulp.LpVariable(f"x{i}", cat="Binary") for i in range(len(pool))]
-    time_expr = pulp.lpSum(r["objective_s"] * v for r, v in zip(pool, x))
+    time_expr = pulp.lpSum(r.objective_s * v for r, v in zip(pool, x))
 
     def solve(objective, *extra):
         prob = pulp.LpProblem("layout", pulp.LpMinimize)
         prob += objective
         prob += pulp.lpSum(x) == 1, "one_layout"
-        prob += pulp.lpSum(r["memory_gb"] * v for r, v in zip(pool, x)) <= limit_gb, "memory"
-        prob += pulp.lpSum(r["tp"] * v for r, v in zip(pool, x)) <= nvlink_domain, "tp_in_nvlink"
+        prob += pulp.lpSum(r.memory_gb * v for r, v in zip(pool, x)) <= limit_gb, "memory"
+        prob += pulp.lpSum(r.tp * v for r, v in zip(pool, x)) <= nvlink_domain, "tp_in_nvlink"
         for constraint in extra:
             prob += constraint
         status = prob.solve(pulp.PULP_CBC_CMD(msg=False, threads=1))
@@ -199,46 +223,53 @@ def select(rows: list[dict], limit_gb: float, nvlink_domain: int, tolerance: flo
     fastest = solve(time_expr)
     if fastest is None:
         return None
-    bound = fastest["objective_s"] * (1 + tolerance)
-    simplest = solve(pulp.lpSum((_simplicity(r) + 1e-9 * r["objective_s"]) * v for r, v in zip(pool, x)),
+    bound = fastest.objective_s * (1 + tolerance)
+    simplest = solve(pulp.lpSum((r.simplicity + 1e-9 * r.objective_s) * v for r, v in zip(pool, x)),
                      time_expr <= bound)
     return simplest or fastest
 
 
 def plan(w: Workload, facts: SystemFacts, *, margin: float = DEFAULT_MARGIN, mfu: float | None = None,
          top: int = 10, tolerance: float = DEFAULT_TOLERANCE) -> Plan:
+    if w.fixed_gbs and w.gbs < 1:
+        raise PlanError(f"the global batch must be at least 1 sequence (got {w.gbs})")
     started = time.perf_counter()
     rows, rejected = candidates(w, facts, margin, mfu)
     limit_gb = facts.gpu_memory_gb * margin
-    feasible = [r for r in rows if r["memory_gb"] <= limit_gb and r["tp"] <= facts.nvlink_domain]
     best = select(rows, limit_gb, facts.nvlink_domain, tolerance) if rows else None
     if best is None:
         raise PlanError(explain_failure(w, facts, margin, rows, rejected))
-    feasible.sort(key=lambda r: (r["objective_s"], r["memory_gb"]))
-    ranked = [best] + [r for r in feasible if r is not best][: top - 1]
-    table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("layout", "memory", "step")} for r in ranked])
+    feasible = [r for r in rows if r.memory_gb <= limit_gb and r.tp <= facts.nvlink_domain and r is not best]
+    feasible.sort(key=lambda r: (r.objective_s, r.memory_gb))
+    ranked = [best] + feasible[: top - 1]
+    table = pd.DataFrame([r.row() for r in ranked])
     table.insert(0, "rank", range(1, len(table) + 1))
     return Plan(workload=w, facts=facts, margin=margin, best=best, table=table, rejected=rejected,
                 evaluated=len(rows), solve_seconds=time.perf_counter() - started)
 
 
-def explain_failure(w: Workload, facts: SystemFacts, margin: float, rows: list[dict], rejected) -> str:
+def explain_failure(w: Workload, facts: SystemFacts, margin: float, rows: list[Candidate], rejected) -> str:
     m = w.model
     head = f"no layout of {m.name} runs on {facts.gpus} x {facts.gpu} ({facts.name}): "
-    counts = "; ".join(f"{REASONS[k]}: {v}" for k, v in rejected.most_common())
+    counts = "; ".join(f"{REASONS[k]}: {v}" for k, v in (+rejected).most_common())
     if rows:
-        smallest = min(rows, key=lambda r: r["memory_gb"])
-        total = m.total_params()
-        return (head + f"the smallest predicted memory is {smallest['memory_gb']:.1f} GB per GPU "
-                f"({smallest['layout'].short()}), above {facts.gpu_memory_gb:g} GB x {margin:g} = "
-                f"{facts.gpu_memory_gb * margin:.1f} GB. The model has {total / 1e9:.1f}B parameters; "
-                "more GPUs (for TP/PP/CP) or more memory per GPU are needed. Rejected layouts by reason: " + counts)
+        smallest = min(rows, key=lambda r: r.memory_gb)
+        state = smallest.mem.weights + smallest.mem.grads + smallest.mem.optimizer
+        state_all = state * smallest.base.tp * smallest.base.pp / memory.GB
+        return (head + f"the smallest predicted memory is {smallest.memory_gb:.1f} GB per GPU "
+                f"({smallest.layout.short()}), above {facts.gpu_memory_gb:g} GB x {margin:g} = "
+                f"{facts.gpu_memory_gb * margin:.1f} GB. The model has {m.total_params() / 1e9:.1f}B parameters "
+                f"whose weights, gradients and optimizer state alone take {state_all:,.0f} GB per replica, "
+                f"{state / memory.GB:.1f} GB per GPU here; it needs more GPUs (for TP/PP/CP) or more memory per GPU. "
+                "Rejected layouts by reason: " + counts)
     if w.fixed_gbs and rejected.get("gbs"):
-        dps = sorted({facts.gpus // (tp * cp * pp) for tp in _divisors(facts.gpus) for cp in _divisors(facts.gpus)
-                      for pp in _divisors(facts.gpus) if facts.gpus % (tp * cp * pp) == 0
-                      and m.pipeline_units % pp == 0 and m.heads % tp == 0})
-        return (head + f"the global batch {w.gbs} is not divisible by MBS x DP for any layout: DP can be "
-                f"{', '.join(map(str, dps))} and MBS {', '.join(map(str, w.mbs_choices))}. Choose a GBS that is "
-                f"a multiple of some DP (e.g. {w.gbs - w.gbs % dps[-1] or dps[-1]} or "
-                f"{w.gbs + dps[-1] - w.gbs % dps[-1]} for DP {dps[-1]}). Rejected layouts by reason: " + counts)
+        divs = _divisors(facts.gpus)
+        dps = sorted({facts.gpus // (tp * cp * pp) for tp in divs for cp in divs for pp in divs
+                      if facts.gpus % (tp * cp * pp) == 0 and m.pipeline_units % pp == 0
+                      and m.heads % tp == 0 and m.kv_heads % tp == 0 and m.seq % (2 * cp if cp > 1 else 1) == 0})
+        return (head + f"the global batch {w.gbs} is not a multiple of MBS x DP for any layout: the rules leave "
+                f"DP in {{{', '.join(map(str, dps))}}} and MBS in {{{', '.join(map(str, w.mbs_choices))}}}, so the "
+                f"GBS must be a multiple of {dps[0]} (the nearest: "
+                f"{' or '.join(str(g) for g in (w.gbs - w.gbs % dps[0], w.gbs - w.gbs % dps[0] + dps[0]) if g)}). "
+                "Rejected layouts by reason: " + counts)
     return head + "every layout breaks a rule. Rejected layouts by reason: " + counts

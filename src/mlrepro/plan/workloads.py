@@ -54,16 +54,22 @@ class Workload:
         """Mean samples to converge at this batch size (RCP, interpolated), None beyond the largest RCP."""
         if not self.mlperf_benchmark:
             return None
-        sizes, means = _rcp_curve(self.mlperf_benchmark, self.ruleset)
-        if gbs > sizes[-1]:
-            return None
-        # Below the smallest reference batch the smallest one is the reference (rcp_checker does so).
-        return float(np.interp(gbs, sizes, means))
+        return _samples(self.mlperf_benchmark, self.ruleset, gbs)
 
     def largest_gbs(self) -> int | None:
         if not self.mlperf_benchmark:
             return None
         return int(_rcp_curve(self.mlperf_benchmark, self.ruleset)[0][-1])
+
+
+@functools.cache
+def _samples(benchmark: str, ruleset: str, gbs: int) -> float | None:
+    sizes, means = _rcp_curve(benchmark, ruleset)
+    if gbs > sizes[-1]:
+        return None
+    # Below the smallest reference batch, rcp_checker accepts a run only if it converges no
+    # faster than that reference: its mean is the best a smaller batch can count on.
+    return float(np.interp(gbs, sizes, means))
 
 
 @functools.cache
