@@ -32,6 +32,7 @@ class SystemFacts:
     nvlink_busbw_gbs: float  # all-reduce bus bandwidth inside the domain
     network_busbw_gbs: float  # all-reduce bus bandwidth across domains, per GPU
     mfu: float = DEFAULT_MFU
+    platform: str = ""  # prefix of NVIDIA's config names (DGXB200, GB200, DGXH100)
 
     @property
     def gpus(self) -> int:
@@ -64,6 +65,7 @@ def from_system(system: mlrepro_config.System) -> SystemFacts:
         gpu_memory_gb=float(hw["gpu_memory_gb"]), peak_tflops=float(hw["peak_tflops_bf16"]),
         nvlink_domain=int(hw["nvlink_domain_gpus"]), nvlink_busbw_gbs=float(hw["nvlink_busbw_gbs"]),
         network_busbw_gbs=float(hw["network_busbw_gbs"]), mfu=float(hw.get("mfu", DEFAULT_MFU)),
+        platform=hw.get("platform", ""),
     )
 
 

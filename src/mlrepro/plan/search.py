@@ -39,6 +39,7 @@ REASONS = {
     "layers": "layers not divisible by PP",
     "seq": "sequence not divisible into 2 x CP chunks",
     "gbs": "GBS not divisible by MBS x DP",
+    "vpp": "GBS not divisible by DP x VPP (the implementation's interleaving rule)",
     "rcp": "GBS above the largest batch size with reference convergence points",
     "memory": "predicted memory above GPU memory x margin",
 }
@@ -155,6 +156,9 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                         gas, bad_div, bad_rcp = _gas(w, mbs, dp, largest)
                         rejected["gbs"] += bad_div
                         rejected["rcp"] += bad_rcp
+                        if w.minibs_multiple_of_vpp and vpp > 1:
+                            rejected["vpp"] += sum(1 for ga in gas if (mbs * ga) % vpp)
+                            gas = [ga for ga in gas if (mbs * ga) % vpp == 0]
                         if not gas:
                             continue
                         base = Layout(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, ga=1, sp=sp, recompute=rc, vpp=vpp,

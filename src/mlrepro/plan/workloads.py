@@ -45,6 +45,8 @@ class Workload:
     writer: str = "megatron"  # megatron | nvidia
     # NVIDIA's variable names for the layout (llama2_70b_lora spells TP/PP/CP, 405b the long names)
     spellings: dict = dataclasses.field(default_factory=dict)
+    # The 405B README: "GBS should be divisible by DP * VP" (VP = INTERLEAVED_PIPELINE).
+    minibs_multiple_of_vpp: bool = False
 
     @property
     def fixed_gbs(self) -> bool:
@@ -100,7 +102,8 @@ LLAMA31_405B = Workload(
     training=Training(param_bytes=1, fp8_linear_inputs=True, tp_comm_overlap=TP_OVERLAP),
     mbs_choices=(1,), mlperf_benchmark="llama31_405b", writer="nvidia",
     spellings={"tp": "TENSOR_MODEL_PARALLEL", "pp": "PIPELINE_MODEL_PARALLEL", "cp": "CONTEXT_PARALLEL",
-               "sp": "SEQUENCE_PARALLEL", "vpp": "INTERLEAVED_PIPELINE", "mbs": "MICRO_BATCH_SIZE"},
+               "sp": "SEQ_PARALLEL", "vpp": "INTERLEAVED_PIPELINE", "mbs": "MICRO_BATCH_SIZE"},
+    minibs_multiple_of_vpp=True,
 )
 BENCHMARKS = {w.name: w for w in (LLAMA2_70B_LORA, LLAMA31_405B)}
 
