@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import math
 import time
+import warnings
 
 import pandas as pd
 import pulp
@@ -122,8 +123,13 @@ class Candidate:
         }
 
 
-def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None = None):
-    """Every layout the rules allow, priced: (candidates, rejection counts)."""
+def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None = None,
+               fixed: dict | None = None):
+    """Every layout the rules allow, priced: (candidates, rejection counts).
+
+    `fixed` pins some of tp, pp, cp, dp (e.g. a hand-made layout to check); the rest is searched.
+    """
+    fixed = fixed or {}
     m = w.model
     gpus = facts.gpus
     limit = facts.gpu_memory_gb * margin * memory.GB
@@ -149,6 +155,8 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                     rejected["seq"] += inner
                     continue
                 dp = gpus // (tp * cp * pp)
+                if any(fixed.get(k, v) != v for k, v in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp))):
+                    continue
                 per_stage = m.pipeline_units // pp
                 vpps = [1] + ([v for v in (2, 4, 8) if per_stage % v == 0] if pp > 1 else [])
                 for vpp in vpps:
@@ -208,18 +216,19 @@ def select(rows: list[Candidate], limit_gb: float, nvlink_domain: int,
     tell two layouts apart should not buy model parallelism or recomputation for nothing.
     """
     pool = _pareto(rows)
-    x = [pulp.LpVariable(f"x{i}", cat="Binary") for i in range(len(pool))]
+    prob = pulp.LpProblem("layout", pulp.LpMinimize)
+    x = [prob.add_variable(f"x{i}", cat="Binary") for i in range(len(pool))]
     time_expr = pulp.lpSum(r.objective_s * v for r, v in zip(pool, x))
+    prob += pulp.lpSum(x) == 1, "one_layout"
+    prob += pulp.lpSum(r.memory_gb * v for r, v in zip(pool, x)) <= limit_gb, "memory"
+    prob += pulp.lpSum(r.tp * v for r, v in zip(pool, x)) <= nvlink_domain, "tp_in_nvlink"
 
-    def solve(objective, *extra):
-        prob = pulp.LpProblem("layout", pulp.LpMinimize)
-        prob += objective
-        prob += pulp.lpSum(x) == 1, "one_layout"
-        prob += pulp.lpSum(r.memory_gb * v for r, v in zip(pool, x)) <= limit_gb, "memory"
-        prob += pulp.lpSum(r.tp * v for r, v in zip(pool, x)) <= nvlink_domain, "tp_in_nvlink"
-        for constraint in extra:
-            prob += constraint
-        status = prob.solve(pulp.PULP_CBC_CMD(msg=False, threads=1))
+    def solve(objective) -> Candidate | None:
+        prob.setObjective(objective)
+        with warnings.catch_warnings():
+            # PuLP 3.3 deprecates the CBC binary it bundles in favour of pulp[cbc]; it still ships it.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            status = prob.solve(pulp.PULP_CBC_CMD(msg=False, threads=1))
         if pulp.LpStatus[status] != "Optimal":
             return None
         return next((r for r, v in zip(pool, x) if (v.value() or 0) > 0.5), None)
@@ -227,18 +236,17 @@ def select(rows: list[Candidate], limit_gb: float, nvlink_domain: int,
     fastest = solve(time_expr)
     if fastest is None:
         return None
-    bound = fastest.objective_s * (1 + tolerance)
-    simplest = solve(pulp.lpSum((r.simplicity + 1e-9 * r.objective_s) * v for r, v in zip(pool, x)),
-                     time_expr <= bound)
+    prob += time_expr <= fastest.objective_s * (1 + tolerance), "near_fastest"
+    simplest = solve(pulp.lpSum((r.simplicity + 1e-9 * r.objective_s) * v for r, v in zip(pool, x)))
     return simplest or fastest
 
 
 def plan(w: Workload, facts: SystemFacts, *, margin: float = DEFAULT_MARGIN, mfu: float | None = None,
-         top: int = 10, tolerance: float = DEFAULT_TOLERANCE) -> Plan:
+         top: int = 10, tolerance: float = DEFAULT_TOLERANCE, fixed: dict | None = None) -> Plan:
     if w.fixed_gbs and w.gbs < 1:
         raise PlanError(f"the global batch must be at least 1 sequence (got {w.gbs})")
     started = time.perf_counter()
-    rows, rejected = candidates(w, facts, margin, mfu)
+    rows, rejected = candidates(w, facts, margin, mfu, fixed)
     limit_gb = facts.gpu_memory_gb * margin
     best = select(rows, limit_gb, facts.nvlink_domain, tolerance) if rows else None
     if best is None:
