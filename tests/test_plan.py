@@ -105,7 +105,7 @@ def test_pulp_selects_the_fastest_layout_that_fits():
     f = facts("dgxh100-64x8", 64)
     w = workloads.gpt("13b", 1024)
     plan = search.plan(w, f, tolerance=0.0)
-    rows, _ = search.candidates(w, f, search.DEFAULT_MARGIN)
+    rows, _, _ = search.candidates(w, f, search.DEFAULT_MARGIN)
     fitting = [r for r in rows if r.memory_gb <= f.gpu_memory_gb * search.DEFAULT_MARGIN and r.tp <= f.nvlink_domain]
     assert plan.best.objective_s == pytest.approx(min(r.objective_s for r in fitting))
     assert plan.best.memory_gb <= f.gpu_memory_gb * search.DEFAULT_MARGIN

@@ -125,7 +125,7 @@ class Candidate:
 
 def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None = None,
                fixed: dict | None = None):
-    """Every layout the rules allow, priced: (candidates, rejection counts).
+    """Every layout the rules allow, priced: (candidates, rejection counts, layouts priced).
 
     `fixed` pins some of tp, pp, cp, dp (e.g. a hand-made layout to check); the rest is searched.
     """
@@ -136,6 +136,7 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
     largest = w.largest_gbs()
     rejected: collections.Counter = collections.Counter()
     out: list[Candidate] = []
+    priced = 0
     divs = _divisors(gpus)
     for tp in divs:
         opts = _options(w, tp)
@@ -172,21 +173,30 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                         base = Layout(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, ga=1, sp=sp, recompute=rc, vpp=vpp,
                                       fp8_act=f8)
                         parts = cost.microbatch(w, base, facts, mfu)
+                        per_mb = parts.compute + parts.tp_comm + parts.cp_comm + parts.pp_comm
                         mem_cache: dict[int, memory.Memory] = {}
+                        # Memory depends on GA only through min(PP, GA): within one such class only
+                        # the fastest GA can be chosen, so only it becomes a candidate.
+                        fastest: dict[int, tuple[float, int, int | None]] = {}
                         for ga in gas:
                             key = min(pp, ga)
                             if key not in mem_cache:
                                 mem_cache[key] = memory.estimate(w, dataclasses.replace(base, ga=ga))
-                            mem = mem_cache[key]
                             if tp > facts.nvlink_domain:
                                 rejected["nvlink"] += 1
-                            elif mem.total > limit:
+                            elif mem_cache[key].total > limit:
                                 rejected["memory"] += 1
+                            priced += 1
                             gbs = mbs * ga * dp
                             samples = w.samples_to_converge(gbs)
                             steps = math.ceil(samples / gbs) if samples is not None else None
-                            out.append(Candidate(base, ga, mem, parts, steps))
-    return out, rejected
+                            step = (ga + (pp - 1) / vpp) * per_mb + parts.dp_comm
+                            objective = step * steps if steps is not None else step
+                            if key not in fastest or objective < fastest[key][0]:
+                                fastest[key] = (objective, ga, steps)
+                        for key, (_, ga, steps) in fastest.items():
+                            out.append(Candidate(base, ga, mem_cache[key], parts, steps))
+    return out, rejected, priced
 
 
 def _pareto(rows: list[Candidate]) -> list[Candidate]:
@@ -246,7 +256,7 @@ def plan(w: Workload, facts: SystemFacts, *, margin: float = DEFAULT_MARGIN, mfu
     if w.fixed_gbs and w.gbs < 1:
         raise PlanError(f"the global batch must be at least 1 sequence (got {w.gbs})")
     started = time.perf_counter()
-    rows, rejected = candidates(w, facts, margin, mfu, fixed)
+    rows, rejected, priced = candidates(w, facts, margin, mfu, fixed)
     limit_gb = facts.gpu_memory_gb * margin
     best = select(rows, limit_gb, facts.nvlink_domain, tolerance) if rows else None
     if best is None:
@@ -257,7 +267,7 @@ def plan(w: Workload, facts: SystemFacts, *, margin: float = DEFAULT_MARGIN, mfu
     table = pd.DataFrame([r.row() for r in ranked])
     table.insert(0, "rank", range(1, len(table) + 1))
     return Plan(workload=w, facts=facts, margin=margin, best=best, table=table, rejected=rejected,
-                evaluated=len(rows), solve_seconds=time.perf_counter() - started)
+                evaluated=priced, solve_seconds=time.perf_counter() - started)
 
 
 def explain_failure(w: Workload, facts: SystemFacts, margin: float, rows: list[Candidate], rejected) -> str:
