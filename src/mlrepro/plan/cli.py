@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from mlrepro import config as mlrepro_config
-from mlrepro.plan import hardware, search, workloads, writer
+from mlrepro.plan import generate, hardware, search, workloads, writer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     written = None
     if args.write and plan.workload.writer == "nvidia":
-        written = writer.write_nvidia_config(plan, args.write, template=_template(args.write, plan))
+        written = writer.write_nvidia_config(plan, args.write, template=generate.nearest_template(args.write, plan))
     if args.json:
         print(json.dumps({
             "workload": plan.workload.name, "system": plan.facts.name, "gpus": plan.facts.gpus,
@@ -100,20 +100,3 @@ def run(args: argparse.Namespace) -> int:
     if written:
         print(f"\nwrote {written}")
     return 0
-
-
-def _template(folder: Path, plan: search.Plan) -> Path | None:
-    """The published config in `folder` nearest to the plan's GPU count, same platform first."""
-    from mlrepro import implementation
-
-    best = None
-    for path in implementation.list_configs(folder) if Path(folder).is_dir() else []:
-        if writer.GENERATED_MARK in path.read_text(errors="replace"):
-            continue
-        shape = implementation.parse_name_shape(implementation.system_name(path))
-        if shape is None:
-            continue
-        key = (shape.platform != writer.platform_of(plan), abs(shape.nodes * shape.gpus_per_node - plan.facts.gpus),
-               path.name)
-        best = min(best, (key, path)) if best else (key, path)
-    return best[1] if best else None
