@@ -127,7 +127,7 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                fixed: dict | None = None):
     """Every layout the rules allow, priced: (candidates, rejection counts, layouts priced).
 
-    `fixed` pins some of tp, pp, cp, dp (e.g. a hand-made layout to check); the rest is searched.
+    `fixed` pins some of tp, pp, cp, dp, vpp, ga (e.g. a published layout to check); the rest is searched.
     """
     fixed = fixed or {}
     m = w.model
@@ -160,6 +160,8 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                     continue
                 per_stage = m.pipeline_units // pp
                 vpps = [1] + ([v for v in (2, 4, 8) if per_stage % v == 0] if pp > 1 else [])
+                if "vpp" in fixed:
+                    vpps = [v for v in vpps if v == fixed["vpp"]]
                 for vpp in vpps:
                     for mbs, sp, rc, f8 in opts:
                         gas, bad_div, bad_rcp = _gas(w, mbs, dp, largest)
@@ -168,6 +170,8 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                         if w.minibs_multiple_of_vpp and vpp > 1:
                             rejected["vpp"] += sum(1 for ga in gas if (mbs * ga) % vpp)
                             gas = [ga for ga in gas if (mbs * ga) % vpp == 0]
+                        if "ga" in fixed:
+                            gas = [ga for ga in gas if ga == fixed["ga"]]
                         if not gas:
                             continue
                         base = Layout(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, ga=1, sp=sp, recompute=rc, vpp=vpp,
