@@ -14,7 +14,7 @@ peak, so only their ratios mean anything):
   lie at or below the smallest 405B RCP batch (1008), so the model prices them within 1.4%).
 * GB200 36x4 and 128x4 llama2_70b_lora: published TP1 CP8 with GBS 18 and 64, planner GBS 9 and 8
   with TP4 CP4 and TP8 CP8. The RCPs make a small batch converge in fewer samples (3,285 at GBS 9,
-  4,283 at 18, 7,521 at 64), and the cost model splits one 8,192-token sequence over 16 or 64 GPUs
+  4,283 at 18, 7,780 at 64), and the cost model splits one 8,192-token sequence over 16 or 64 GPUs
   at the same MFU. That is where it is wrong: at 128-512 tokens per GPU the GEMMs are too small to
   keep that MFU, which NVIDIA avoids by adding data parallelism. The model prices the published
   layouts 30% and 130% slower; a measured MFU-versus-tokens-per-GPU curve would close this.
