@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -170,36 +171,13 @@ def test_seed_002_layouts_fit_and_the_planner_answers_for_each():
 
 # ---------------------------------------------------------------- writer and CLI
 
-TEMPLATE = """#!/bin/bash
-
-source $(dirname ${BASH_SOURCE[0]})/config_common.sh
-
-# hyperparameters
-export MAX_STEPS=800
-export LR=0.0005
-export MINIBS=1
-export TP=1
-export SP=0
-export CP=8
-
-# system parameters
-export DGXNNODES=18
-export DGXNGPU=4
-export WALLTIME_RUNANDTIME=10
-export WALLTIME=$((5 + ${NEXP:-1} * ($WALLTIME_RUNANDTIME + 5)))
-"""
-COMMON = """#!/bin/bash
-export DGXSYSTEM=$(basename $(readlink -f ${BASH_SOURCE[1]}) | sed 's/^config_//' | sed 's/\\.sh$//' )
-export PP=1
-export MBS=1
-"""
+# NVIDIA's published 18x4 llama2_70b_lora config and its config_common.sh (copies in the fixtures)
+PUBLISHED_18X4 = ROOT / "tests" / "fixtures" / "nvidia_configs" / "llama2_70b_lora" / "tyche_ngpu72_ngc25.04_nemo"
 
 
 def _implementation(tmp_path: Path) -> Path:
     folder = tmp_path / "impl"
-    folder.mkdir()
-    (folder / "config_common.sh").write_text(COMMON)
-    (folder / "config_GB200_18x4x1xtp1pp1cp8.sh").write_text(TEMPLATE)
+    shutil.copytree(PUBLISHED_18X4, folder)
     return folder
 
 
