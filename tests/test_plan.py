@@ -214,6 +214,10 @@ def test_cli_plans_writes_and_explains(tmp_path, capsys, monkeypatch):
                  "--json", "--write", str(folder)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert Path(data["written"]).is_file() and data["rejected"]["divide"] > 0
+    assert main(["plan", "--model", "gpt-13b", "--gpus", "64", "--gbs", "1024", "--system", "dgxh100-64x8",
+                 "--write", str(tmp_path)]) == 0
+    assert "--global-batch-size 1024" in (tmp_path / "megatron_gpt-13b_64gpus.args").read_text()
+    capsys.readouterr()
     assert main(["plan", "--model", "gpt-175b", "--gpus", "8", "--system", "dgxh100-64x8"]) == 2
     assert "smallest predicted memory" in capsys.readouterr().err
     assert main(["plan", "--model", "gpt-1.3b", "--system", "local"]) == 2

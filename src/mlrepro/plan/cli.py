@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from mlrepro import config as mlrepro_config
+from mlrepro import fsutil
 from mlrepro.plan import generate, hardware, search, workloads, writer
 
 
@@ -30,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mfu", type=float, help="model FLOPs utilisation to assume (default: the system's, or 0.484)")
     parser.add_argument("--top", type=int, default=10, help="plans to list (default %(default)s)")
     parser.add_argument("--write", type=Path, metavar="DIR",
-                        help="write the winner: a config_<SYS>.sh into DIR (NVIDIA benchmarks; DIR should hold the "
-                             "implementation's config_common.sh and a published config to start from)")
+                        help="write the winner into DIR: a config_<SYS>.sh for an NVIDIA benchmark (DIR should hold "
+                             "the implementation's config_common.sh and a published config to start from), or "
+                             "megatron_<model>_<N>gpus.args for a GPT size")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: the current folder)")
 
@@ -75,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     written = None
     if args.write and plan.workload.writer == "nvidia":
         written = writer.write_nvidia_config(plan, args.write, template=generate.nearest_template(args.write, plan))
+    elif args.write:
+        written = Path(args.write) / f"megatron_{plan.workload.name}_{plan.facts.gpus}gpus.args"
+        fsutil.atomic_write_text(written, shlex.join(writer.megatron_args(plan)) + "\n")
     if args.json:
         print(json.dumps({
             "workload": plan.workload.name, "system": plan.facts.name, "gpus": plan.facts.gpus,

@@ -5,9 +5,10 @@ The program has one binary per candidate layout (TP, PP, CP, DP, VPP, MBS, GA, S
 FP8_ACT), exactly one chosen, the chosen one's predicted memory at most GPU memory x margin and
 its TP group inside the NVLink domain; the objective is the step time (fixed GBS) or the time to
 train (steps to the RCP's samples x step time); among layouts within 1% of the fastest the
-simplest (most data-parallel) is taken, in a second solve. Candidates that another beats on memory, time
-and TP at once can never be the optimum, so only the Pareto front enters the program, which
-keeps it small at 1,024 GPUs. Everything else is still ranked for the table.
+simplest (most data-parallel) is taken, in a second solve. A candidate that another beats on
+memory, time, TP and simplicity at once can never be chosen, so only the Pareto front enters the
+program (and of the micro-batch counts that share a memory footprint only the fastest), which
+keeps it small at 1,024 GPUs. The feasible rest is still ranked for the table.
 """
 
 from __future__ import annotations
