@@ -105,6 +105,7 @@ class System:
     slurm_status_command: str = "sacct"
     slurm_poll_seconds: float = 30.0
     submission: dict = field(default_factory=dict)
+    hardware: dict = field(default_factory=dict)  # for mlrepro.plan
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,7 @@ def load_system(root: Path, name: str) -> System:
         slurm_status_command=slurm.get("status_command", "sacct"),
         slurm_poll_seconds=float(slurm.get("poll_seconds", 30)),
         submission=dict(data["submission"]),
+        hardware=dict(data.get("hardware") or {}),
     )
 
 
