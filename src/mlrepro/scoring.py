@@ -421,9 +421,14 @@ def _config_target(benchmark: str) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="log files or folders of them")
-    parser.add_argument("--benchmark", required=True,
-                        help="llama2_70b_lora, llama31_405b (or our names: llama2_lora), or mini_lora")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="log files or folders of them; without --benchmark: submission trees "
+                             "(<submitter>/ with systems/ and results/, or a folder of submitters)")
+    parser.add_argument("--benchmark",
+                        help="score the logs as one benchmark: any MLPerf benchmark of the ruleset "
+                             "(our names such as llama2_lora too), or mini_lora; without it PATH is a submission tree")
+    parser.add_argument("--csv", metavar="FILE", help="submission trees: write the table as CSV to FILE")
+    parser.add_argument("--jobs", type=int, default=1, help="submission trees: processes to score with")
     parser.add_argument("--ruleset", default=None, help=f"MLPerf ruleset (default {DEFAULT_RULESET})")
     parser.add_argument("--json", metavar="FILE", help="write the full result as JSON to FILE")
     parser.add_argument("--target", help="override the target, e.g. eval_loss<=3.5")
@@ -432,6 +437,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.benchmark is None:
+        from mlrepro import tree_score
+
+        return tree_score.run_cli(args)
     try:
         name = ALIASES.get(args.benchmark, args.benchmark)
         target, required = args.target, args.required_runs
