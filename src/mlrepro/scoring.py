@@ -122,7 +122,7 @@ def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int 
     """
     name = str(benchmark).strip()
     mlperf = ALIASES.get(name, name)
-    if mlperf in MLPERF_TARGETS:
+    if mlperf in MLPERF_TARGETS or mlperf in _mlperf_benchmarks(ruleset):
         ruleset = ruleset or DEFAULT_RULESET
         if ruleset not in checkers.supported_rulesets():
             raise RulesError(f"mlperf_logging has no training ruleset {ruleset!r}")
@@ -131,7 +131,7 @@ def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int 
         if mlperf not in get_allowed_benchmarks("training", ruleset):
             raise RulesError(f"{mlperf} is not a benchmark of MLPerf Training {ruleset}")
         runs = required_runs or get_result_file_counts("training")[mlperf]
-        metric, value, direction = _parse_target(target) if target is not None else MLPERF_TARGETS[mlperf]
+        metric, value, direction = _parse_target(target) if target is not None else _mlperf_target(mlperf, ruleset)
         return Rules(name, mlperf, ruleset, int(runs), metric, value, direction)
     if ruleset:
         raise RulesError(f"{name} is not an MLPerf benchmark, so it has no ruleset (got --ruleset {ruleset})")
@@ -143,6 +143,27 @@ def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int 
         raise RulesError("required runs must be at least 1")
     # The olympic mean needs three runs; with fewer, every run counts and none may fail.
     return Rules(name, None, None, runs, metric, value, direction, max_failed_runs=1 if runs >= 3 else 0)
+
+
+def _mlperf_benchmarks(ruleset: str | None) -> tuple[str, ...]:
+    from mlrepro import rules as rules_mod
+
+    try:
+        return rules_mod.benchmarks(ruleset or DEFAULT_RULESET)
+    except rules_mod.UnknownRules:
+        return ()
+
+
+def _mlperf_target(benchmark: str, ruleset: str) -> tuple[str, float, str]:
+    """The target of the ruleset's closed_<benchmark>.yaml (mlrepro.rules)."""
+    from mlrepro import rules as rules_mod
+
+    t = rules_mod.benchmark_rules(benchmark, ruleset).target
+    if t is None or t.value is None or t.direction is None:
+        what = t.describe() if t else "none"
+        raise RulesError(f"{benchmark} in {ruleset} has a target one number cannot state ({what}); "
+                         f"score its submission folders with `mlrepro score TREE` (no --benchmark)")
+    return t.metric, t.value, t.direction
 
 
 # ---------------------------------------------------------------- one run
@@ -444,7 +465,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         name = ALIASES.get(args.benchmark, args.benchmark)
         target, required = args.target, args.required_runs
-        if name not in MLPERF_TARGETS:
+        if name not in MLPERF_TARGETS and name not in _mlperf_benchmarks(args.ruleset):
             cfg = _config_target(args.benchmark)
             target = target or cfg.get("target")
             required = required or cfg.get("required_runs") or 10
