@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mlrepro import cli, tree_score
+from mlrepro import cli, report, tree_score
 
 SAMPLE = Path(__file__).parent / "fixtures" / "mlperf_v5_sample"
 SUBMITTERS = ["AMD", "ASUSTeK", "Dell", "NVIDIA", "tinycorp"]
@@ -83,9 +83,13 @@ def test_every_result_equals_the_official_summarizer(sample_with_a_failed_folder
 
 
 def test_cli_writes_csv_and_json(tmp_path, capsys):
-    csv, js = tmp_path / "t.csv", tmp_path / "t.json"
-    rc = cli.main(["score", str(SAMPLE / "Dell"), str(SAMPLE / "AMD"), "--csv", str(csv), "--json", str(js)])
+    csv, js, page = tmp_path / "t.csv", tmp_path / "t.json", tmp_path / "t.html"
+    rc = cli.main(["score", str(SAMPLE / "Dell"), str(SAMPLE / "AMD"), "--csv", str(csv), "--json", str(js),
+                   "--html", str(page)])
     assert rc == 0
+    text = page.read_text()
+    assert text.count("<tr class='ok'>") == 4 and "<table id='tree'>" in text
+    assert "2.999" in text and "result_9.txt dropped" in text  # Dell's llama2_70b_lora, its dropped run
     table = pd.read_csv(csv)
     assert list(table.columns[:12]) == tree_score.SYSTEM_COLUMNS  # the summarizer's system columns first
     assert {"time_to_train", "GBS", "samples_to_converge", "RCP", "rcp_scaling_factor", "rcp_factor",
@@ -127,6 +131,9 @@ def test_a_folder_it_cannot_score_says_why_and_the_others_are_scored(tmp_path):
     assert set(zip(scored.submitter, scored.benchmark)) >= {("tinycorp", "bert"), ("tinycorp", "retinanet"),
                                                             ("AMD", "llama2_70b_lora")}
     assert not table[table.reasons.str.len() > 0].valid.any()
+    view = report.tree_table_html(table)
+    assert view.count("<tr class='bad'>") == int((~table.valid.astype(bool)).sum()) >= 6
+    assert "not valid JSON" in view
 
 
 def test_unknown_ruleset_is_refused(capsys):

@@ -449,6 +449,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="score the logs as one benchmark: any MLPerf benchmark of the ruleset "
                              "(our names such as llama2_lora too), or mini_lora; without it PATH is a submission tree")
     parser.add_argument("--csv", metavar="FILE", help="submission trees: write the table as CSV to FILE")
+    parser.add_argument("--html", metavar="FILE", help="submission trees: write the table as an HTML page to FILE")
     parser.add_argument("--jobs", type=int, default=1, help="submission trees: processes to score with")
     parser.add_argument("--ruleset", default=None, help=f"MLPerf ruleset (default {DEFAULT_RULESET})")
     parser.add_argument("--json", metavar="FILE", help="write the full result as JSON to FILE")

@@ -542,6 +542,10 @@ def run_cli(args) -> int:
     try:
         write_outputs(table, rows, csv=args.csv, json_path=args.json, ruleset=ruleset, usage=rules_mod.USAGE,
                       seconds=seconds)
+        if getattr(args, "html", None):
+            from mlrepro import report
+
+            report.write_tree_report(table, args.html, title=f"MLPerf {rules_mod.USAGE} {ruleset} results")
     except OSError as exc:
         print(f"mlrepro score: cannot write: {exc}", file=sys.stderr)
         return 1
