@@ -139,3 +139,25 @@ def test_a_folder_it_cannot_score_says_why_and_the_others_are_scored(tmp_path):
 def test_unknown_ruleset_is_refused(capsys):
     assert cli.main(["score", str(SAMPLE), "--ruleset", "9.9.9"]) == 2
     assert "no training ruleset '9.9.9'" in capsys.readouterr().err
+
+
+def test_one_folder_with_benchmark_agrees_with_the_tree(tmp_path):
+    """`mlrepro score FOLDER --benchmark B` (the per-run scorer) gives the tree's number for epoch-based
+    benchmarks too, RCP scaling included."""
+    from mlrepro import scoring
+
+    table, _ = tree_score.score_tree([SAMPLE / "Dell"], ruleset="5.0.0", jobs=2)
+    for bench in ("rgat", "stable_diffusion"):
+        row = table[table.benchmark == bench].iloc[0]
+        out = tmp_path / f"{bench}.json"
+        rc = cli.main(["score", row.folder, "--benchmark", bench, "--json", str(out)])
+        if bench == "stable_diffusion":
+            # its target is two numbers: the per-run scorer refuses it (and says where to go)
+            assert rc == 2 and not out.exists()
+            continue
+        score = json.loads(out.read_text())
+        assert abs(score["score_minutes"] - row.time_to_train) < 1e-3
+        assert abs(score["rcp"]["scaling_factor"] - row.rcp_factor) < 1e-9 and row.rcp_factor > 1
+    serial, _ = tree_score.score_tree([SAMPLE / "Dell"], ruleset="5.0.0")
+    assert serial.time_to_train.tolist() == table.time_to_train.tolist()
+    assert scoring.rules_for("rgat").required_runs == 10

@@ -343,7 +343,7 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
 
     if rules.mlperf_benchmark:
         rcp = checkers.check_rcp(
-            [checkers.RcpRun(r.get("status") == "success", r.get("samples_to_converge"), r.get("global_batch_size"))
+            [checkers.RcpRun(r.get("status") == "success", _rcp_samples(r, rules), r.get("global_batch_size"))
              for r in distinct],
             benchmark=rules.mlperf_benchmark, ruleset=rules.ruleset, usage=rules.usage)
         if rcp["checked"] and not rcp["pass"]:
@@ -370,6 +370,22 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
         "reasons": reasons,
         "tools": {"mlperf_logging": checkers.mlperf_logging_version()},
     }
+
+
+def _rcp_samples(run: dict, rules: Rules) -> Any:
+    """What the RCP check counts for a run: samples for the LLM benchmarks (as score_run reads
+    them), and for the others what rcp_checker.read_submission_file reads from the log
+    (epochs for most, the first passing evaluation for stable_diffusion)."""
+    if rules.mlperf_benchmark in MLPERF_TARGETS or run.get("status") != "success" or not run.get("file"):
+        return run.get("samples_to_converge")
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    try:
+        with checkers.scratch_dir():  # it logs a warning for runs that did not converge
+            not_converged, epochs, _, _ = rcp_checker.read_submission_file(str(run["file"]), rules.ruleset, False)
+    except Exception:  # a log it cannot read: the run's own count stands
+        return run.get("samples_to_converge")
+    return None if not_converged else epochs
 
 
 def _run_name(run: dict) -> str:
