@@ -375,7 +375,8 @@ def submitter_folders(paths: list[str | os.PathLike]) -> tuple[list[Path], list[
             subs = [d for d in sorted(p.iterdir()) if not d.name.startswith(".") and d.is_dir()]
             orgs = [d for d in subs if is_submitter_folder(d)]
             if not orgs:
-                errors.append(_error_row(p, "neither a submitter folder (systems/ and results/) nor a folder of them"))
+                errors.append(_error_row(p, "neither a submitter folder (systems/ and results/) nor a folder of them "
+                                                "(to score the logs of one benchmark, give --benchmark)"))
             for d in subs:
                 if d in orgs:
                     found.append(d)
