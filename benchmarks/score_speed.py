@@ -1,10 +1,18 @@
-"""Time to score a 10-run llama2_70b_lora folder: `mlrepro score` against the
-official checkers run by hand (compliance_checker on each log, then rcp_checker
-on the folder), each as the subprocess a user would type.
+"""Time scoring against the official tools, and check that the numbers agree.
 
     python benchmarks/score_speed.py [--repeat 3]
+        a synthetic 10-run llama2_70b_lora folder: `mlrepro score DIR --benchmark ...` against
+        the official checkers run by hand (compliance_checker on each log, then rcp_checker).
 
-Prints a table of wall-clock seconds (best of --repeat) and ratios.
+    python benchmarks/score_speed.py --tree /work/data/v5 [--ruleset 5.0.0] [--jobs 1]
+        a whole results repository (e.g. mlcommons/training_results_v5.0: the folder holding the
+        submitters): `mlrepro score TREE` against `python -m mlperf_logging.result_summarizer
+        'TREE/{*}' training 5.0.0` (the summarizer's form for every submitter, one process), each
+        run once as the subprocess a user would type. Then every benchmark folder's result is
+        compared (time to train within 0.001 min; GBS, samples to converge, RCP verdict and the
+        scaling factor applied); exit status 1 if any differs.
+
+Prints a table of wall-clock seconds and ratios.
 """
 
 from __future__ import annotations
@@ -34,10 +42,81 @@ def best_of(n: int, fn) -> float:
     return min(times)
 
 
+def _child_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def tree(root: Path, ruleset: str, jobs: int) -> int:
+    import shutil
+
+    load = os.getloadavg()[0]
+
+    from mlrepro import tree_score
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    with tempfile.TemporaryDirectory(prefix="score-speed-") as tmp:
+        tmp = Path(tmp)
+        # The summarizer rewrites scaling.json in the folders it reads: give it a copy (not timed).
+        copy = tmp / "copy"
+        shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".*"))
+        official_csv = tmp / "official.csv"
+        t, c = time.perf_counter(), _child_cpu()
+        proc = subprocess.run([sys.executable, "-m", "mlperf_logging.result_summarizer", f"{copy}/{{*}}", "training",
+                               ruleset, "--csv", str(official_csv)], cwd=tmp, env=env, capture_output=True, text=True)
+        t_official, c_official = time.perf_counter() - t, _child_cpu() - c
+        if proc.returncode != 0:
+            print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+            return 2
+        ours_csv = tmp / "ours.csv"
+        t, c = time.perf_counter(), _child_cpu()
+        proc = subprocess.run([sys.executable, "-m", "mlrepro", "score", str(root), "--ruleset", ruleset,
+                               "--csv", str(ours_csv), "--jobs", str(jobs)],
+                              cwd=tmp, env=env, capture_output=True, text=True)
+        t_ours, c_ours = time.perf_counter() - t, _child_cpu() - c
+        if proc.returncode not in (0, 1):
+            print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+            return 2
+        import pandas as pd
+
+        ours = pd.read_csv(ours_csv)
+        official = tree_score.summarizer_rows(tmp / "official_detailed.csv")
+        both = tree_score.compare_with_summarizer(ours, official)
+    folders = ours["folder"].nunique()
+    submitters = ours["submitter"].nunique()
+    print(f"{root}: {submitters} submitters, {folders} benchmark folders, MLPerf training {ruleset}")
+    # CPU seconds (user + system, the process and its children) do not depend on what else runs
+    # on the machine; wall-clock seconds do.
+    print(f"load average before: {load:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'method':<66} {'wall s':>7} {'CPU s':>7} {'wall x':>7} {'CPU x':>7}")
+    print(f"{'python -m mlperf_logging.result_summarizer TREE/{*} training ' + ruleset:<66} {t_official:7.1f} "
+          f"{c_official:7.1f} {1.0:6.1f}x {1.0:6.1f}x")
+    print(f"{'mlrepro score TREE' + (f' --jobs {jobs}' if jobs > 1 else ''):<66} {t_ours:7.1f} {c_ours:7.1f} "
+          f"{t_official / t_ours:6.1f}x {c_official / c_ours:6.1f}x")
+    same = int(both["same"].sum())
+    scored = int(both["time_to_train"].notna().sum())
+    print(f"results compared: {len(both)} (with a score: {scored}); equal to the summarizer: {same}; "
+          f"largest difference {both['abs_diff_min'].max():.2e} min")
+    for _, r in both[~both["same"]].iterrows():
+        print(f"  DIFFERS: {r['details_url']} {r['benchmark']}: ours {r['time_to_train']} "
+              f"official {r['time_to_train_official']} ({r['_merge']})")
+    per_bench = both.groupby("benchmark")["same"].agg(["sum", "count"])
+    print("per benchmark (equal/compared): " + ", ".join(f"{b} {int(s)}/{int(c)}"
+                                                        for b, (s, c) in per_bench.iterrows()))
+    return 0 if same == len(both) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tree", type=Path, help="a results repository: the folder holding the submitters")
+    ap.add_argument("--ruleset", default="5.0.0")
+    ap.add_argument("--jobs", type=int, default=1, help="processes for mlrepro score TREE")
     args = ap.parse_args()
+    if args.tree:
+        return tree(args.tree, args.ruleset, args.jobs)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     with tempfile.TemporaryDirectory(prefix="score-speed-") as tmp:
         tmp = Path(tmp)

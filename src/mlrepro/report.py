@@ -174,3 +174,47 @@ def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, ou
         for name, svg in figures.items():
             atomic_write_text(Path(plot_dir) / f"{name}.svg", svg)
     return out
+
+
+# ---------------------------------------------------------------- submission trees
+
+_TREE_VIEW = [("submitter", "submitter"), ("system", "system"), ("accelerators_count", "accelerators"),
+              ("division", "division"), ("benchmark", "benchmark"), ("time_to_train", "minutes"),
+              ("rcp_scaling_factor", "scaling applied"), ("rcp_factor", "RCP factor of the runs"), ("RCP", "RCP"),
+              ("runs", "runs used / found"), ("valid", "valid"), ("why", "reasons and notes")]
+
+
+def tree_table_html(table) -> str:
+    """An HTML ``<table id='tree'>`` of a tree_score table (one row per system and benchmark),
+    for a page of its own (write_tree_report) or to embed in another report."""
+    def cell(row, key: str) -> str:
+        v = row.get(key)
+        if key == "runs":
+            return f"{_e(row.get('runs_used'))} / {_e(row.get('runs_found'))}"
+        if key == "why":
+            items = [x for x in (row.get("reasons"), row.get("run_notes")) if isinstance(x, str) and x]
+            return "<br>".join(_e(x) for x in items)
+        if key == "valid":
+            return "yes" if v is True or v == 1 else "no"
+        if isinstance(v, float):
+            return "-" if v != v else _num(v, ".3f" if key == "time_to_train" else ".6g")
+        return _e(v)
+
+    head = "".join(f"<th>{_e(label)}</th>" for _, label in _TREE_VIEW)
+    body = []
+    for row in table.to_dict("records"):
+        ok = row.get("valid") is True or row.get("valid") == 1
+        body.append(f"<tr class='{'ok' if ok else 'bad'}'>"
+                    + "".join(f"<td>{cell(row, key)}</td>" for key, _ in _TREE_VIEW) + "</tr>")
+    return f"<table id='tree'><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def write_tree_report(table, out_html: str | os.PathLike, title: str = "MLPerf results") -> Path:
+    """A self-contained page with the tree table, written atomically."""
+    scored = int(table["time_to_train"].notna().sum()) if len(table) else 0
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title><style>{_CSS}</style>"
+            f"</head><body><h1>{_e(title)}</h1><div class='small'>{len(table)} benchmark folders, {scored} with a "
+            f"score</div>{tree_table_html(table)}</body></html>\n")
+    out = Path(out_html)
+    atomic_write_text(out, page)
+    return out

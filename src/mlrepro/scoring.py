@@ -122,7 +122,7 @@ def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int 
     """
     name = str(benchmark).strip()
     mlperf = ALIASES.get(name, name)
-    if mlperf in MLPERF_TARGETS:
+    if mlperf in MLPERF_TARGETS or mlperf in _mlperf_benchmarks(ruleset):
         ruleset = ruleset or DEFAULT_RULESET
         if ruleset not in checkers.supported_rulesets():
             raise RulesError(f"mlperf_logging has no training ruleset {ruleset!r}")
@@ -131,7 +131,7 @@ def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int 
         if mlperf not in get_allowed_benchmarks("training", ruleset):
             raise RulesError(f"{mlperf} is not a benchmark of MLPerf Training {ruleset}")
         runs = required_runs or get_result_file_counts("training")[mlperf]
-        metric, value, direction = _parse_target(target) if target is not None else MLPERF_TARGETS[mlperf]
+        metric, value, direction = _parse_target(target) if target is not None else _mlperf_target(mlperf, ruleset)
         return Rules(name, mlperf, ruleset, int(runs), metric, value, direction)
     if ruleset:
         raise RulesError(f"{name} is not an MLPerf benchmark, so it has no ruleset (got --ruleset {ruleset})")
@@ -143,6 +143,27 @@ def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int 
         raise RulesError("required runs must be at least 1")
     # The olympic mean needs three runs; with fewer, every run counts and none may fail.
     return Rules(name, None, None, runs, metric, value, direction, max_failed_runs=1 if runs >= 3 else 0)
+
+
+def _mlperf_benchmarks(ruleset: str | None) -> tuple[str, ...]:
+    from mlrepro import rules as rules_mod
+
+    try:
+        return rules_mod.benchmarks(ruleset or DEFAULT_RULESET)
+    except rules_mod.UnknownRules:
+        return ()
+
+
+def _mlperf_target(benchmark: str, ruleset: str) -> tuple[str, float, str]:
+    """The target of the ruleset's closed_<benchmark>.yaml (mlrepro.rules)."""
+    from mlrepro import rules as rules_mod
+
+    t = rules_mod.benchmark_rules(benchmark, ruleset).target
+    if t is None or t.value is None or t.direction is None:
+        what = t.describe() if t else "none"
+        raise RulesError(f"{benchmark} in {ruleset} has a target one number cannot state ({what}); "
+                         f"score its submission folders with `mlrepro score TREE` (no --benchmark)")
+    return t.metric, t.value, t.direction
 
 
 # ---------------------------------------------------------------- one run
@@ -322,7 +343,7 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
 
     if rules.mlperf_benchmark:
         rcp = checkers.check_rcp(
-            [checkers.RcpRun(r.get("status") == "success", r.get("samples_to_converge"), r.get("global_batch_size"))
+            [checkers.RcpRun(r.get("status") == "success", _rcp_samples(r, rules), r.get("global_batch_size"))
              for r in distinct],
             benchmark=rules.mlperf_benchmark, ruleset=rules.ruleset, usage=rules.usage)
         if rcp["checked"] and not rcp["pass"]:
@@ -349,6 +370,22 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
         "reasons": reasons,
         "tools": {"mlperf_logging": checkers.mlperf_logging_version()},
     }
+
+
+def _rcp_samples(run: dict, rules: Rules) -> Any:
+    """What the RCP check counts for a run: samples for the LLM benchmarks (as score_run reads
+    them), and for the others what rcp_checker.read_submission_file reads from the log
+    (epochs for most, the first passing evaluation for stable_diffusion)."""
+    if rules.mlperf_benchmark in MLPERF_TARGETS or run.get("status") != "success" or not run.get("file"):
+        return run.get("samples_to_converge")
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    try:
+        with checkers.scratch_dir():  # it logs a warning for runs that did not converge
+            not_converged, epochs, _, _ = rcp_checker.read_submission_file(str(run["file"]), rules.ruleset, False)
+    except Exception:  # a log it cannot read: the run's own count stands
+        return run.get("samples_to_converge")
+    return None if not_converged else epochs
 
 
 def _run_name(run: dict) -> str:
@@ -421,9 +458,15 @@ def _config_target(benchmark: str) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="log files or folders of them")
-    parser.add_argument("--benchmark", required=True,
-                        help="llama2_70b_lora, llama31_405b (or our names: llama2_lora), or mini_lora")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="log files or folders of them; without --benchmark: submission trees "
+                             "(<submitter>/ with systems/ and results/, or a folder of submitters)")
+    parser.add_argument("--benchmark",
+                        help="score the logs as one benchmark: any MLPerf benchmark of the ruleset "
+                             "(our names such as llama2_lora too), or mini_lora; without it PATH is a submission tree")
+    parser.add_argument("--csv", metavar="FILE", help="submission trees: write the table as CSV to FILE")
+    parser.add_argument("--html", metavar="FILE", help="submission trees: write the table as an HTML page to FILE")
+    parser.add_argument("--jobs", type=int, default=1, help="submission trees: processes to score with")
     parser.add_argument("--ruleset", default=None, help=f"MLPerf ruleset (default {DEFAULT_RULESET})")
     parser.add_argument("--json", metavar="FILE", help="write the full result as JSON to FILE")
     parser.add_argument("--target", help="override the target, e.g. eval_loss<=3.5")
@@ -432,10 +475,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.benchmark is None:
+        from mlrepro import tree_score
+
+        return tree_score.run_cli(args)
     try:
         name = ALIASES.get(args.benchmark, args.benchmark)
         target, required = args.target, args.required_runs
-        if name not in MLPERF_TARGETS:
+        if name not in MLPERF_TARGETS and name not in _mlperf_benchmarks(args.ruleset):
             cfg = _config_target(args.benchmark)
             target = target or cfg.get("target")
             required = required or cfg.get("required_runs") or 10
