@@ -8,9 +8,11 @@ include: "workflow/rules/checkpoint.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/corpus.smk"
 
 
 rule all:
     input:
         all_targets(),
+        corpus_targets(),
     default_target: True

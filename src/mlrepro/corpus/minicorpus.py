@@ -55,3 +55,77 @@ def train_gpt2_bpe(texts: Iterable[str], out_dir: Path, vocab_size: int = 2000) 
     vocab["<|endoftext|>"] = len(vocab)  # GPT-2 keeps it last (50256)
     vocab_path.write_text(json.dumps(vocab, ensure_ascii=False))
     return vocab_path, out_dir / "merges.txt"
+
+
+def make_mini_corpus(root: Path, chunks: int = 2, shards: int = 5, docs_per_shard: int = 150,
+                     hole: tuple[int, int] | None = (2, 3)) -> Path:
+    """config/corpora/mini_corpus.yaml's files under `root`: mini/chunk{c}/part_{s}.jsonl.zst and tokenizer/."""
+    import zstandard
+
+    train_gpt2_bpe(documents(2000, seed=99), root / "tokenizer", vocab_size=1000)
+    cctx = zstandard.ZstdCompressor(level=3)
+    for c in range(1, chunks + 1):
+        for s in range(shards):
+            if (c, s) == hole:
+                continue
+            texts = list(documents(docs_per_shard, seed=1000 * c + s))
+            texts[s % len(texts)] = ""  # an empty document in every shard
+            body = "".join(json.dumps({"text": t, "meta": {"chunk": c, "shard": s}}) + "\n" for t in texts)
+            path = root / "mini" / f"chunk{c}" / f"part_{s}.jsonl.zst"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(cctx.compress(body.encode()))
+    return root
+
+
+def serve(root: Path, port: int = 0, rate_limited: tuple[str, ...] = ()):
+    """A threaded HTTP server of `root` on 127.0.0.1; paths in `rate_limited` answer 429 once first.
+
+    Returns the server (its port is server.server_address[1]); stop it with shutdown().
+    """
+    import functools
+    import http.server
+    import threading
+
+    limited = set(rate_limited)
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            if self.path in limited:
+                limited.discard(self.path)
+                self.send_response(429)
+                self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Handler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(description="Write and serve the miniature corpus of config/corpora/mini_corpus.yaml")
+    parser.add_argument("command", choices=["serve"])
+    parser.add_argument("--dir", default="resources/mini_corpus_server")
+    parser.add_argument("--port", type=int, default=18765)
+    args = parser.parse_args(argv)
+    root = make_mini_corpus(Path(args.dir))
+    server = serve(root, args.port)
+    print(f"serving {root} on http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

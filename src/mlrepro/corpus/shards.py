@@ -150,7 +150,8 @@ def download_share(shards: list[Shard], rank: int, world: int, folder: Path, rep
     return result
 
 
-def verify(shards: list[Shard], reports: list[dict], out: Path, *, expected_files: int | None = None) -> dict:
+def verify(shards: list[Shard], reports: list[dict], out: Path, *, expected_files: int | None = None,
+           min_files: int | None = None) -> dict:
     """Check the tasks' reports together against the corpus description; write the list of shards."""
     files: dict[str, int] = {}
     missing: list[str] = []
@@ -160,10 +161,13 @@ def verify(shards: list[Shard], reports: list[dict], out: Path, *, expected_file
     unaccounted = [s.name for s in shards if s.name not in files and s.name not in missing]
     if unaccounted:
         raise CorpusError(f"{len(unaccounted)} shard(s) in no task's report, e.g. {', '.join(unaccounted[:5])}")
-    if expected_files is None and missing:
+    if min_files is not None and len(files) < min_files:
+        raise CorpusError(f"{len(files)} shards downloaded, at least {min_files} expected; not found on the server: "
+                          f"{', '.join(sorted(missing)[:10])}{' ...' if len(missing) > 10 else ''}")
+    if expected_files is None and min_files is None and missing:
         raise CorpusError(f"{len(missing)} shard(s) not found on the server (HTTP 404): "
                           f"{', '.join(sorted(missing)[:10])}{' ...' if len(missing) > 10 else ''}; "
-                          f"if the source has holes, set expected.files")
+                          f"if the source has holes, set expected.files or expected.min_files")
     if expected_files is not None and len(files) != expected_files:
         raise CorpusError(f"{len(files)} shards downloaded, expected {expected_files}; not found on the server: "
                           f"{', '.join(sorted(missing)[:10])}{' ...' if len(missing) > 10 else ''}")
