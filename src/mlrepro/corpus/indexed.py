@@ -66,7 +66,7 @@ class IndexedWriter:
         self.documents += len(lengths)
 
     def add_document(self, tokens) -> None:
-        tokens = np.asarray(tokens, dtype=self.dtype)
+        tokens = np.asarray(tokens, dtype=np.int64)
         self.add_documents(tokens, np.array([len(tokens)]))
 
     def finalize(self, idx_path: str | os.PathLike) -> None:
