@@ -28,7 +28,8 @@ def corpus_datasets(name):
 
 
 def corpus_targets():
-    return [f"resources/corpora/{name}/data_prefix.json" for name in SETTINGS.corpora]
+    # The chunks are listed too, so that a lost chunk is rebuilt (alone) by the default target.
+    return [t for name in SETTINGS.corpora for t in [*corpus_datasets(name), f"resources/corpora/{name}/data_prefix.json"]]
 
 
 rule corpus_download:
