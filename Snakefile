@@ -14,5 +14,5 @@ include: "workflow/rules/corpus.smk"
 rule all:
     input:
         all_targets(),
-        corpus_targets(),
+        corpus_stages.targets(SETTINGS.corpora, workflow.basedir),
     default_target: True

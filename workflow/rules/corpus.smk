@@ -14,24 +14,6 @@ wildcard_constraints:
     group=r"\d+",
 
 
-def corpus_download_reports(wc):
-    tasks = SETTINGS.corpora[wc.corpus]["download"]["array_tasks"]
-    return [f"resources/corpora/{wc.corpus}/download/task_{rank}.json" for rank in range(tasks)]
-
-
-def corpus_datasets(name):
-    """The .bin of every chunk and json key of corpus `name`."""
-    corpus = SETTINGS.corpora[name]
-    groups = range(corpus_stages.num_groups(corpus, Path(workflow.basedir)))
-    return [f"resources/corpora/{name}/preprocessed/train_chunk_{g}_{key}_document.bin"
-            for g in groups for key in corpus["json_keys"]]
-
-
-def corpus_targets():
-    # The chunks are listed too, so that a lost chunk is rebuilt (alone) by the default target.
-    return [t for name in SETTINGS.corpora for t in [*corpus_datasets(name), f"resources/corpora/{name}/data_prefix.json"]]
-
-
 rule corpus_download:
     output:
         f"{CORPUS}/download/task_{{rank}}.json",
@@ -45,7 +27,7 @@ rule corpus_download:
 
 rule corpus_downloaded:
     input:
-        corpus_download_reports,
+        lambda wc: corpus_stages.download_reports(SETTINGS.corpora[wc.corpus]),
     output:
         f"{CORPUS}/download.json",
     log:
@@ -111,7 +93,7 @@ rule corpus_preprocess:
 
 rule corpus_blend:
     input:
-        lambda wc: corpus_datasets(wc.corpus),
+        lambda wc: corpus_stages.datasets(SETTINGS.corpora[wc.corpus], workflow.basedir),
     output:
         f"{CORPUS}/data_prefix.json",
     log:

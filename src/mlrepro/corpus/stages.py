@@ -40,6 +40,25 @@ def num_groups(corpus: dict, root: Path) -> int:
     return len(shards.groups(len(shard_list(corpus, root)), corpus["concat"]["files_per_chunk"]))
 
 
+def download_reports(corpus: dict) -> list[str]:
+    """The reports of the corpus's download tasks (inputs of the verification)."""
+    base = f"resources/corpora/{corpus['name']}"
+    return [f"{base}/download/task_{rank}.json" for rank in range(corpus["download"]["array_tasks"])]
+
+
+def datasets(corpus: dict, root: Path) -> list[str]:
+    """The .bin of every chunk and json key (inputs of the blend)."""
+    base = f"resources/corpora/{corpus['name']}"
+    return [f"{base}/preprocessed/train_chunk_{g}_{key}_document.bin"
+            for g in range(num_groups(corpus, Path(root))) for key in corpus["json_keys"]]
+
+
+def targets(corpora: dict, root: Path) -> list[str]:
+    """What `snakemake all` makes of each configured corpus; the chunks are listed too, so that a
+    lost chunk is rebuilt, alone, by the default target."""
+    return [t for c in corpora.values() for t in [*datasets(c, root), f"resources/corpora/{c['name']}/data_prefix.json"]]
+
+
 def _manifest(corpus: dict, root: Path) -> dict | None:
     path = corpus.get("expected", {}).get("manifest")
     if not path:
