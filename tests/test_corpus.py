@@ -261,6 +261,23 @@ def test_download_share_skips_complete_files_and_records_holes(tmp_path):
         shards.verify(all_shards, reports, tmp_path / "v.json", expected_files=4)
     record = shards.verify(all_shards, reports, tmp_path / "v.json", expected_files=3)
     assert [s["size"] is None for s in record["shards"]] == [False, False, True, False]
+    with pytest.raises(shards.CorpusError, match="at least 4 expected"):
+        shards.verify(all_shards, reports, tmp_path / "v.json", min_files=4)
+
+
+def test_download_checks_the_manifest(tmp_path):
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "a.jsonl").write_text('{"text": "a"}\n')
+    server = minicorpus.serve(tmp_path / "srv")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/a.jsonl"
+        manifest = {"a.jsonl": {"size": 14, "sha256": "0" * 64}}
+        with pytest.raises(shards.CorpusError, match="a.jsonl is corrupt: sha256"):
+            shards.download_share(shards.expand({"urls": [url]}), 0, 1, tmp_path / "dl", tmp_path / "t.json",
+                                  retries=0, manifest=manifest)
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "dl" / "a.jsonl").exists()
 
 
 # --- extract, concat, blend ------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from mlrepro.corpus import indexed
 from mlrepro.corpus import tokenizer as tokenizers_mod
@@ -102,18 +103,34 @@ def _load_encoder(options: Options, quiet: bool = False) -> tokenizers_mod.Encod
                                tokenizer_model=options.tokenizer_model, use_gigatoken=options.use_gigatoken, quiet=quiet)
 
 
+def _parse(raw: bytes) -> tuple[object, str | None]:
+    """The JSON value of one line, or None and why it is not one.
+
+    orjson is 2-3x faster than json and strict where json is lenient (NaN, lone surrogates);
+    a line orjson refuses is given to json.loads, which Megatron's tool uses, so the two
+    accept the same lines.
+    """
+    try:
+        return orjson.loads(raw), None
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+    try:
+        return json.loads(line), None
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at column {exc.colno})" if line.strip() else "empty line (not a JSON object)"
+
+
 def _texts(lines: list[bytes], keys: tuple[str, ...]) -> dict[str, list[str]] | tuple[int, str]:
     """The texts of each key, or (index of the bad line, why)."""
     texts: dict[str, list[str]] = {k: [] for k in keys}
     for i, raw in enumerate(lines):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return i, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as exc:
-            return i, f"not valid JSON ({exc.msg} at column {exc.colno})" if line.strip() else "empty line (not a JSON object)"
+        doc, problem = _parse(raw)
+        if problem is not None:
+            return i, problem
         if not isinstance(doc, dict):
             return i, f"not a JSON object but {type(doc).__name__}"
         for k in keys:
