@@ -151,9 +151,13 @@ def test_slices_and_workers_do_not_change_the_bytes(tmp_path, gpt2_files):
     one = preprocess.preprocess(_options(tmp_path / "a", gpt2_files, jsonl, append_eod=True))
     many = preprocess.preprocess(_options(tmp_path / "b", gpt2_files, jsonl, append_eod=True, workers=2,
                                           slice_bytes=4096))
-    slow = preprocess.preprocess(_options(tmp_path / "c", gpt2_files, jsonl, append_eod=True, use_gigatoken=False))
+    forked = preprocess.preprocess(_options(tmp_path / "d", gpt2_files, jsonl, append_eod=True, workers=2,
+                                            slice_bytes=4096, pool="process"))
+    slow = preprocess.preprocess(_options(tmp_path / "c", gpt2_files, jsonl, append_eod=True, use_gigatoken=False,
+                                          workers=2, slice_bytes=8192))
     assert one.documents == 600 and many.backend == "gigatoken" and slow.backend == "tokenizers"
-    assert _sha(one.outputs["text"]) == _sha(many.outputs["text"]) == _sha(slow.outputs["text"])
+    assert _sha(one.outputs["text"]) == _sha(many.outputs["text"]) == _sha(forked.outputs["text"]) \
+        == _sha(slow.outputs["text"])
 
 
 def test_slices_end_on_line_boundaries(tmp_path):

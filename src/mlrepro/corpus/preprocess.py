@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import json
 import logging
 import multiprocessing
+import multiprocessing.pool
 import os
 import sys
 import time
@@ -52,6 +54,7 @@ class Options:
     use_gigatoken: bool = True
     slice_bytes: int = SLICE_BYTES
     log_interval: float = 30.0
+    pool: str = "auto"  # "thread", "process", or auto: threads for gigatoken, processes otherwise
 
 
 @dataclass
@@ -265,15 +268,31 @@ def _encoded(path: Path, options: Options, encoder: tokenizers_mod.Encoder):
             yield encode_slice(str(path), s, e)
         return
     _ENCODER = encoder  # inherited by forked workers
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(options.workers, initializer=_init, initargs=(options,)) as pool:
+    _init(options)
+    if _use_threads(options, encoder):
+        # gigatoken encodes without the GIL, so threads overlap one slice's JSON parsing with
+        # the others' encoding, without forking or sending tokens between processes.
+        pool = concurrent.futures.ThreadPoolExecutor(options.workers)
+        submit = lambda s, e: pool.submit(encode_slice, str(path), s, e)  # noqa: E731
+        result = concurrent.futures.Future.result
+    else:
+        pool = multiprocessing.get_context("fork").Pool(options.workers, initializer=_init, initargs=(options,))
+        submit = lambda s, e: pool.apply_async(encode_slice, (str(path), s, e))  # noqa: E731
+        result = multiprocessing.pool.ApplyResult.get
+    with pool:
         pending: collections.deque = collections.deque()
         for s, e in slices(path, options.slice_bytes):
             if len(pending) >= 2 * options.workers:
-                yield pending.popleft().get()
-            pending.append(pool.apply_async(encode_slice, (str(path), s, e)))
+                yield result(pending.popleft())
+            pending.append(submit(s, e))
         while pending:
-            yield pending.popleft().get()
+            yield result(pending.popleft())
+
+
+def _use_threads(options: Options, encoder: tokenizers_mod.Encoder) -> bool:
+    if options.pool != "auto":
+        return options.pool == "thread"
+    return encoder.backend == "gigatoken"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
