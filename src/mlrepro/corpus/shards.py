@@ -125,7 +125,7 @@ def download_share(shards: list[Shard], rank: int, world: int, folder: Path, rep
 
     def one(shard: Shard):
         if already is not None and already(shard):
-            return shard, "done"
+            return shard, 0  # extracted and removed by an earlier run: present, its bytes no longer here
         return shard, fetch_shard(shard, folder / shard.name, retries=retries, token=token,
                                   expected=(manifest or {}).get(shard.name))
 
