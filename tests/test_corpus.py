@@ -336,3 +336,12 @@ def test_corpus_config_errors_name_file_and_key(tmp_path):
     assert "concat.files_per_chunk" in str(err.value) and "vocab_file" in str(err.value)
     for name in ("slimpajama", "slimpajama_quick", "mini_corpus"):
         assert mlrepro_config.load_corpus(REPO, name)["name"] == name
+
+
+def test_a_shard_already_extracted_is_not_downloaded_again(tmp_path):
+    # The URL points nowhere: a download attempt would fail the task.
+    gone = shards.expand({"urls": ["http://127.0.0.1:9/a.jsonl.zst"]})
+    report = shards.download_share(gone, 0, 1, tmp_path / "dl", tmp_path / "t.json", retries=0,
+                                   already=lambda s: s.name == "a.jsonl.zst")
+    assert report["files"] == {"a.jsonl.zst": 0} and report["missing"] == []
+    assert shards.verify(gone, [report], tmp_path / "v.json")["num_files"] == 1
