@@ -1,9 +1,10 @@
 """jsonl → Megatron indexed dataset, byte-identical to Megatron-LM's tools/preprocess_data.py.
 
 `mlrepro preprocess` takes that tool's flags. The input is cut into slices of whole lines
-(`slice_bytes`, 32 MiB by default); each worker process parses and tokenizes one slice at a
-time and the parent writes the slices' tokens in input order, so memory stays bounded by a
-few slices whatever the file's size. Per document: the text of each --json-keys key, its
+(`slice_bytes`, 32 MiB by default); each of --workers parses and tokenizes one slice at a
+time (threads with gigatoken, which encodes without the GIL; forked processes with the
+`tokenizers` fallback) and the slices' tokens are written in input order, at most two slices
+per worker in flight, so memory stays bounded whatever the file's size. Per document: the text of each --json-keys key, its
 ids, then EOD with --append-eod; an empty text gives no tokens and a repeated document index
 (Megatron's behaviour). A line that is not JSON, not UTF-8, lacks a key or holds a non-string
 value stops the run with the file and line named; the outputs are written under temporary
