@@ -8,9 +8,11 @@ include: "workflow/rules/checkpoint.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/corpus.smk"
 
 
 rule all:
     input:
         all_targets(),
+        corpus_stages.targets(SETTINGS.corpora, workflow.basedir),
     default_target: True

@@ -15,6 +15,7 @@ COMMANDS = {
     "status": ("mlrepro.status", "show each seed's state for a results/<benchmark> folder"),
     "cluster": ("mlrepro.cluster", "start, stop or show a local Slurm cluster on this machine"),
     "plan": ("mlrepro.plan.cli", "choose TP/PP/CP/DP, batch and recompute for a benchmark or GPT size on a system"),
+    "preprocess": ("mlrepro.corpus.preprocess", "tokenize jsonl into Megatron's .bin/.idx (preprocess_data.py's flags)"),
 }
 
 

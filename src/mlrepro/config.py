@@ -125,6 +125,7 @@ class Benchmark:
     run_env: dict
     env: dict
     source: Path
+    corpus: str | None = None
 
     def scoring_rules(self):
         """The scoring rules of this benchmark (see mlrepro.scoring)."""
@@ -144,6 +145,7 @@ class Settings:
     benchmarks: dict[str, Benchmark]
     system: System
     submitter: str
+    corpora: dict[str, dict] = field(default_factory=dict)
 
     def benchmark(self, name: str) -> Benchmark:
         try:
@@ -191,6 +193,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         run_env=data["run_env"],
         env={k: str(v) for k, v in data["env"].items()},
         source=path,
+        corpus=data.get("corpus"),
     )
 
 
@@ -221,6 +224,16 @@ def load_system(root: Path, name: str) -> System:
     )
 
 
+def load_corpus(root: Path, name: str) -> dict:
+    """config/corpora/<name>.yaml, validated, defaults filled (see mlrepro.corpus)."""
+    path = root / "config" / "corpora" / f"{name}.yaml"
+    rel = path.relative_to(root) if path.is_relative_to(root) else path
+    data = validate(load_yaml(path), "corpus", str(rel), root)
+    if data["name"] != name:
+        raise ConfigError(f"{rel}: name: '{data['name']}' does not match the file name '{name}'")
+    return data
+
+
 def load(config: dict, root: str | Path) -> Settings:
     """Validate the workflow config (config.yaml plus --config overrides) and everything it names."""
     root = Path(root).resolve()
@@ -230,4 +243,6 @@ def load(config: dict, root: str | Path) -> Settings:
     if overrides:
         system = System(**{**system.__dict__, **overrides})
     benchmarks = {name: load_benchmark(root, name) for name in data["benchmarks"]}
-    return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"])
+    corpus_names = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus)])
+    corpora = {name: load_corpus(root, name) for name in corpus_names}
+    return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora)

@@ -1,0 +1,156 @@
+"""The tokenizers Megatron's preprocess_data.py offers, loaded without the network.
+
+`load()` builds the same tokenizer Megatron builds for a --tokenizer-type (transformers'
+GPT-2 tokenizer from vocab.json + merges.txt, AutoTokenizer from a local folder or
+tokenizer.json) and, when gigatoken reproduces its ids, encodes through gigatoken
+(tens of millions of tokens/s, against well under one million for per-document calls).
+Whether gigatoken agrees is checked at load time on a probe text that holds the awkward
+cases (special tokens written in the text, unicode, whitespace runs); where it refuses the
+tokenizer or disagrees, the `tokenizers` library encodes instead and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer")
+
+PROBE = [
+    "Hello world! The quick brown fox jumps over the lazy dog.",
+    "  leading spaces,\ttabs\r\nand CRLF\n\n\nblank lines   ",
+    "<|endoftext|> written in the text, twice<|endoftext|>, and <s></s> tags",
+    "Unicode: café naïve Ωμέγα Москва 日本語のテキスト 한국어 العربية 🙂👍🏽 \u00a0nbsp",
+    "Numbers 1234567890 3.14159 1e-10, code: def f(x): return x**2  # comment",
+    "",
+    "a",
+    "'s 're 've 'll 'd 'm 't can't WON'T",
+]
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be built from what was given."""
+
+
+@dataclass
+class Encoder:
+    """Encodes batches of texts to the ids Megatron's tool would write."""
+
+    name: str
+    vocab_size: int
+    eod: int | None
+    backend: str  # "gigatoken" or "tokenizers"
+    _impl: Any = None
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All ids of `texts` concatenated (uint32) and each text's number of ids."""
+        if self.backend == "gigatoken":
+            import awkward as ak
+
+            encoded = self._impl.encode_batch(texts)
+            return ak.to_numpy(ak.flatten(encoded)), ak.to_numpy(ak.num(encoded)).astype(np.int64)
+        encoded = self._impl.encode_batch(texts, add_special_tokens=True)
+        lengths = np.fromiter((len(e.ids) for e in encoded), dtype=np.int64, count=len(encoded))
+        flat = np.fromiter((i for e in encoded for i in e.ids), dtype=np.uint32, count=int(lengths.sum()))
+        return flat, lengths
+
+    def __getstate__(self):
+        raise TypeError("an Encoder is built in each worker (load()), not pickled")
+
+
+def _require(path: str | None, flag: str, kind: str) -> Path:
+    if not path:
+        raise TokenizerError(f"{kind} needs {flag}")
+    p = Path(path)
+    if not p.exists():
+        raise TokenizerError(f"{flag} {path}: no such file")
+    return p
+
+
+def _hf_tokenizer(tokenizer_type: str, vocab_file: str | None, merge_file: str | None, tokenizer_model: str | None):
+    """The transformers tokenizer Megatron's build_tokenizer() makes, and its `tokenizers` backend."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if tokenizer_type == "GPT2BPETokenizer":
+        from transformers import GPT2Tokenizer
+
+        vocab = _require(vocab_file, "--vocab-file", tokenizer_type)
+        merges = _require(merge_file, "--merge-file", tokenizer_type)
+        # What AutoTokenizer.from_pretrained("gpt2", vocab_file=..., merges_file=...) gives in Megatron.
+        return GPT2Tokenizer(vocab=str(vocab), merges=str(merges))
+    from transformers import AutoTokenizer
+
+    model = _require(tokenizer_model, "--tokenizer-model", tokenizer_type)
+    if model.is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_file=str(model))
+    return AutoTokenizer.from_pretrained(str(model))
+
+
+def _gigatoken(hf, reference) -> tuple[Any | None, str]:
+    """A gigatoken tokenizer with the same ids as `reference` on PROBE, or None and why not."""
+    try:
+        import gigatoken
+    except ImportError:
+        return None, "gigatoken is not installed"
+    try:
+        giga = gigatoken.Tokenizer.from_json(hf.backend_tokenizer.to_str())
+    except Exception as exc:  # gigatoken refuses some tokenizers (e.g. byte remapping)
+        return None, f"gigatoken refused the tokenizer: {exc}"
+    for text in PROBE:
+        got = [int(i) for i in giga.encode(text)]
+        want = reference(text)
+        if got != want:
+            return None, f"gigatoken gives other ids than transformers for {text[:40]!r}"
+    return giga, ""
+
+
+def load(tokenizer_type: str, *, vocab_file: str | None = None, merge_file: str | None = None,
+         tokenizer_model: str | None = None, use_gigatoken: bool = True, quiet: bool = False) -> Encoder:
+    """The encoder for a Megatron --tokenizer-type and its files."""
+    if tokenizer_type not in TOKENIZER_TYPES:
+        raise TokenizerError(f"--tokenizer-type {tokenizer_type}: supported are {', '.join(TOKENIZER_TYPES)}")
+    if tokenizer_type == "SentencePieceTokenizer":
+        return _sentencepiece(tokenizer_model)
+    try:
+        hf = _hf_tokenizer(tokenizer_type, vocab_file, merge_file, tokenizer_model)
+    except TokenizerError:
+        raise
+    except Exception as exc:
+        raise TokenizerError(f"cannot build the {tokenizer_type} tokenizer: {exc}") from None
+    vocab_size = len(hf)
+    eod = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
+
+    def reference(text: str) -> list[int]:
+        return list(hf(text).input_ids)
+
+    giga, why = _gigatoken(hf, reference) if use_gigatoken else (None, "gigatoken not requested")
+    if giga is not None:
+        return Encoder(tokenizer_type, vocab_size, eod, "gigatoken", giga)
+    if not quiet:
+        log.warning("encoding with the tokenizers library (slower): %s", why)
+    backend = hf.backend_tokenizer
+    for text in PROBE:
+        if backend.encode(text, add_special_tokens=True).ids != reference(text):
+            raise TokenizerError(f"the {tokenizer_type} tokenizer's backend disagrees with transformers on {text[:40]!r}")
+    return Encoder(tokenizer_type, vocab_size, eod, "tokenizers", backend)
+
+
+def _sentencepiece(tokenizer_model: str | None) -> Encoder:
+    model = _require(tokenizer_model, "--tokenizer-model", "SentencePieceTokenizer")
+    try:
+        import gigatoken
+
+        giga = gigatoken.Tokenizer.from_sentencepiece(model)
+    except Exception as exc:
+        raise TokenizerError(f"cannot load the SentencePiece model {model}: {exc}") from None
+    special = giga._special_tokens() if hasattr(giga, "_special_tokens") else {}
+    eod = special.get("</s>")
+    return Encoder("SentencePieceTokenizer", giga.vocab_size, eod, "gigatoken", giga)

@@ -1,0 +1,347 @@
+"""The corpus stages, one module at a time, without Snakemake (test_corpus_workflow.py runs the chain)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from mlrepro import config as mlrepro_config
+from mlrepro.corpus import blend, concat, extract, indexed, minicorpus, preprocess, shards
+from mlrepro.corpus import tokenizer as corpus_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def gpt2_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    return minicorpus.train_gpt2_bpe(minicorpus.documents(1500, seed=5), folder, vocab_size=800)
+
+
+def _options(tmp_path, gpt2_files, jsonl, **kw):
+    vocab, merges = gpt2_files
+    return preprocess.Options(input=jsonl, output_prefix=str(tmp_path / "out" / "ds"), tokenizer_type="GPT2BPETokenizer",
+                              vocab_file=str(vocab), merge_file=str(merges), **kw)
+
+
+def _sha(prefix):
+    import hashlib
+
+    return [hashlib.sha256(Path(f"{prefix}{s}").read_bytes()).hexdigest() for s in (".bin", ".idx")]
+
+
+# --- indexed ---------------------------------------------------------------------------------
+
+def test_indexed_writer_bytes_follow_megatron_layout(tmp_path):
+    w = indexed.IndexedWriter(tmp_path / "d.bin", np.uint16)
+    w.add_documents(np.array([5, 6, 7, 8, 9]), np.array([2, 0, 3]))  # middle document empty
+    w.add_document([1])
+    w.finalize(tmp_path / "d.idx")
+    raw = (tmp_path / "d.idx").read_bytes()
+    assert raw[:9] == b"MMIDIDX\x00\x00"
+    assert struct.unpack_from("<QBQQ", raw, 9) == (1, 8, 3, 5)  # version, uint16 code, 3 sequences, 4 docs + 1
+    lengths = np.frombuffer(raw, "<i4", 3, 34)
+    pointers = np.frombuffer(raw, "<i8", 3, 34 + 12)
+    docs = np.frombuffer(raw, "<i8", 5, 34 + 12 + 24)
+    assert lengths.tolist() == [2, 3, 1]
+    assert pointers.tolist() == [0, 4, 10]          # bytes, 2 per uint16 token
+    assert docs.tolist() == [0, 1, 1, 2, 3]         # the empty document repeats index 1
+    assert len(raw) == 34 + 12 + 24 + 40
+    assert (tmp_path / "d.bin").read_bytes() == np.array([5, 6, 7, 8, 9, 1], "<u2").tobytes()
+
+
+def test_indexed_reader_round_trip_and_dtype_choice(tmp_path):
+    assert indexed.optimal_dtype(50257) is np.uint16 and indexed.optimal_dtype(128256) is np.int32
+    w = indexed.IndexedWriter(tmp_path / "d.bin", np.int32)
+    docs = [[70000, 1], [], [2, 3, 4]]
+    for d in docs:
+        w.add_document(d)
+    w.finalize(tmp_path / "d.idx")
+    r = indexed.IndexedReader(tmp_path / "d")
+    assert r.dtype is np.int32 and len(r) == 2 and r.num_documents == 3
+    assert [r.document(i).tolist() for i in range(3)] == docs
+    with open(tmp_path / "d.bin", "ab") as fh:
+        fh.write(b"\0\0\0\0")
+    with pytest.raises(indexed.IndexedFormatError, match="d.bin"):
+        indexed.IndexedReader(tmp_path / "d")
+
+
+def test_megatron_core_reads_what_preprocess_writes(tmp_path, gpt2_files):
+    pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    texts = list(minicorpus.documents(120, seed=4))
+    texts[3] = ""
+    jsonl = minicorpus.write_jsonl(tmp_path / "in.jsonl", texts)
+    result = preprocess.preprocess(_options(tmp_path, gpt2_files, jsonl, append_eod=True, workers=2, slice_bytes=2048))
+    ours = indexed.IndexedReader(result.outputs["text"])
+    theirs = IndexedDataset(result.outputs["text"])
+    assert len(theirs) == len(ours) == 119
+    assert theirs.document_indices.tolist() == ours.document_indices.tolist()
+    assert theirs.document_indices[3] == theirs.document_indices[4]
+    assert all(theirs[i].tolist() == ours[i].tolist() for i in range(len(ours)))
+
+
+def test_writer_refuses_ids_beyond_dtype(tmp_path):
+    w = indexed.IndexedWriter(tmp_path / "d.bin", np.uint16)
+    with pytest.raises(ValueError, match="does not fit"):
+        w.add_document([70000])
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+
+def test_gigatoken_and_tokenizers_give_transformers_ids(gpt2_files, tmp_path):
+    from transformers import GPT2Tokenizer
+
+    vocab, merges = gpt2_files
+    texts = list(minicorpus.documents(200, seed=11)) + corpus_tokenizer.PROBE
+    reference = GPT2Tokenizer(vocab=str(vocab), merges=str(merges))
+    want = [reference(t).input_ids for t in texts]
+    fast = corpus_tokenizer.load("GPT2BPETokenizer", vocab_file=str(vocab), merge_file=str(merges))
+    slow = corpus_tokenizer.load("GPT2BPETokenizer", vocab_file=str(vocab), merge_file=str(merges), use_gigatoken=False)
+    assert (fast.backend, slow.backend) == ("gigatoken", "tokenizers")
+    for enc in (fast, slow):
+        ids, lengths = enc.encode_batch(texts)
+        assert np.split(ids, np.cumsum(lengths)[:-1])[5].tolist() == want[5]
+        assert [a.tolist() for a in np.split(ids, np.cumsum(lengths)[:-1])] == want
+    assert fast.eod == reference.eos_token_id == len(json.loads(vocab.read_text())) - 1
+
+
+def test_huggingface_tokenizer_json_matches_gpt2_files(gpt2_files, tmp_path):
+    from transformers import GPT2Tokenizer
+
+    vocab, merges = gpt2_files
+    GPT2Tokenizer(vocab=str(vocab), merges=str(merges)).backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
+    hf = corpus_tokenizer.load("HuggingFaceTokenizer", tokenizer_model=str(tmp_path / "tokenizer.json"))
+    gpt2 = corpus_tokenizer.load("GPT2BPETokenizer", vocab_file=str(vocab), merge_file=str(merges))
+    texts = list(minicorpus.documents(50, seed=3))
+    assert hf.encode_batch(texts)[0].tolist() == gpt2.encode_batch(texts)[0].tolist()
+
+
+def test_missing_tokenizer_file_is_named(tmp_path, gpt2_files):
+    with pytest.raises(corpus_tokenizer.TokenizerError, match="v.json: no such file"):
+        corpus_tokenizer.load("GPT2BPETokenizer", vocab_file=str(tmp_path / "v.json"), merge_file=str(gpt2_files[1]))
+    with pytest.raises(corpus_tokenizer.TokenizerError, match="needs --merge-file"):
+        corpus_tokenizer.load("GPT2BPETokenizer", vocab_file=str(gpt2_files[0]))
+
+
+# --- preprocess ------------------------------------------------------------------------------
+
+def test_preprocess_empty_documents_and_eod(tmp_path, gpt2_files):
+    jsonl = minicorpus.write_jsonl(tmp_path / "in.jsonl", ["hello world", "", "a b c"])
+    result = preprocess.preprocess(_options(tmp_path, gpt2_files, jsonl, append_eod=True))
+    r = indexed.IndexedReader(result.outputs["text"])
+    enc = corpus_tokenizer.load("GPT2BPETokenizer", vocab_file=str(gpt2_files[0]), merge_file=str(gpt2_files[1]))
+    assert r.num_documents == 3 and len(r) == 2
+    assert r.document_indices.tolist() == [0, 1, 1, 2]
+    assert r.document(0).tolist() == enc.encode_batch(["hello world"])[0].tolist() + [enc.eod]
+    assert r.document(1).tolist() == []
+
+
+def test_slices_and_workers_do_not_change_the_bytes(tmp_path, gpt2_files):
+    jsonl = minicorpus.write_jsonl(tmp_path / "in.jsonl", minicorpus.documents(600, seed=21))
+    one = preprocess.preprocess(_options(tmp_path / "a", gpt2_files, jsonl, append_eod=True))
+    many = preprocess.preprocess(_options(tmp_path / "b", gpt2_files, jsonl, append_eod=True, workers=2,
+                                          slice_bytes=4096))
+    forked = preprocess.preprocess(_options(tmp_path / "d", gpt2_files, jsonl, append_eod=True, workers=2,
+                                            slice_bytes=4096, pool="process"))
+    slow = preprocess.preprocess(_options(tmp_path / "c", gpt2_files, jsonl, append_eod=True, use_gigatoken=False,
+                                          workers=2, slice_bytes=8192))
+    assert one.documents == 600 and many.backend == "gigatoken" and slow.backend == "tokenizers"
+    assert _sha(one.outputs["text"]) == _sha(many.outputs["text"]) == _sha(forked.outputs["text"]) \
+        == _sha(slow.outputs["text"])
+
+
+def test_slices_end_on_line_boundaries(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b"a\nbb\nccc\n\ndddd")
+    for size in (1, 2, 3, 5, 100):
+        parts = list(preprocess.slices(path, size))
+        assert b"".join(path.read_bytes()[s:e] for s, e in parts) == path.read_bytes()
+        assert all(path.read_bytes()[e - 1:e] == b"\n" for _, e in parts[:-1])
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    (b'{"text": "unterminated', "line 3: not valid JSON"),
+    (b'{"title": "no text"}', "line 3: no key 'text'"),
+    (b'{"text": "caf\xe9"}', "line 3: not UTF-8 (byte 0xe9"),
+    (b'{"text": ["a", "list"]}', "line 3: key 'text' holds list"),
+    (b'', "line 3: empty line"),
+    (b'[1, 2]', "line 3: not a JSON object"),
+])
+def test_bad_lines_are_named_and_leave_no_output(tmp_path, gpt2_files, bad_line, message):
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_bytes(b'{"text": "one"}\n{"text": "two"}\n' + bad_line + b'\n{"text": "four"}\n')
+    for workers in (1, 2):
+        with pytest.raises(preprocess.InputError) as err:
+            preprocess.preprocess(_options(tmp_path, gpt2_files, jsonl, workers=workers, slice_bytes=20))
+        assert f"{jsonl}:{message.split(': ', 1)[0].removeprefix('line ')}: {message.split(': ', 1)[1]}" in str(err.value)
+        assert not list((tmp_path / "out").glob("*"))
+
+
+def test_cli_takes_megatron_flags_and_logs_progress(tmp_path, gpt2_files):
+    jsonl = minicorpus.write_jsonl(tmp_path / "in.jsonl", minicorpus.documents(300, seed=8),
+                                   key="body")
+    vocab, merges = gpt2_files
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlrepro", "preprocess", "--input", str(jsonl), "--output-prefix", str(tmp_path / "o"),
+         "--json-keys", "body", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab),
+         "--merge-file", str(merges), "--append-eod", "--workers", "2", "--log-interval", "0"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "300 documents" in proc.stderr and "tokens/s" in proc.stderr and "ETA" in proc.stderr
+    assert indexed.IndexedReader(tmp_path / "o_body_document").num_documents == 300
+    bad = subprocess.run([sys.executable, "-m", "mlrepro", "preprocess", "--input", str(tmp_path / "none.jsonl"),
+                          "--output-prefix", str(tmp_path / "p"), "--tokenizer-type", "GPT2BPETokenizer",
+                          "--vocab-file", str(vocab), "--merge-file", str(merges)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 1 and "none.jsonl: no such file" in bad.stderr
+
+
+def test_progress_redraws_on_a_terminal():
+    class Tty:
+        def __init__(self):
+            self.text = ""
+
+        def isatty(self):
+            return True
+
+        def write(self, s):
+            self.text += s
+
+        def flush(self):
+            pass
+
+    tty = Tty()
+    p = preprocess.Progress(1000, tty)
+    p.update(10, 500, 1000, final=True)
+    assert tty.text.startswith("\r100.0% 10 documents, 500 tokens") and tty.text.endswith("\n")
+
+
+# --- shards, download ------------------------------------------------------------------------
+
+def test_slimpajama_shards_and_the_seed_split():
+    corpus = mlrepro_config.load_corpus(REPO, "slimpajama")
+    all_shards = shards.expand(corpus["source"])
+    assert len(all_shards) == 60000
+    assert all_shards[6001].name == "example_train_chunk2_shard1.jsonl.zst"
+    assert all_shards[6001].source.endswith("/train/chunk2/example_train_1.jsonl.zst")
+    # seed 001's split_shards: rank r of w takes [r*n//w, (r+1)*n//w)
+    parts = [shards.share(6000, r, 96) for r in range(96)]
+    assert parts[0] == range(0, 62) and parts[95] == range(5937, 6000)
+    assert sum(len(p) for p in parts) == 6000
+    assert len(shards.groups(60000, 800)) == 75 and shards.groups(6000, 800)[-1] == range(5600, 6000)
+
+
+def test_download_share_skips_complete_files_and_records_holes(tmp_path):
+    root = tmp_path / "srv"
+    for i in (0, 1, 3):
+        (root / f"s{i}.jsonl").parent.mkdir(parents=True, exist_ok=True)
+        (root / f"s{i}.jsonl").write_text(f'{{"text": "{i}"}}\n')
+    server = minicorpus.serve(root)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/s{{i}}.jsonl"
+        all_shards = shards.expand({"url": url, "ranges": {"i": [0, 3]}})
+        dest = tmp_path / "dl"
+        reports = [shards.download_share(all_shards, r, 2, dest, tmp_path / f"t{r}.json", retries=0) for r in (0, 1)]
+        assert reports[1]["missing"] == ["s2.jsonl"] and set(reports[0]["files"]) == {"s0.jsonl", "s1.jsonl"}
+        (root / "s0.jsonl").write_text("changed on the server\n")
+        shards.download_share(all_shards, 0, 2, dest, tmp_path / "t0.json", retries=0)
+        assert (dest / "s0.jsonl").read_text() == '{"text": "0"}\n'  # complete file: not fetched again
+    finally:
+        server.shutdown()
+    with pytest.raises(shards.CorpusError, match="s2.jsonl"):
+        shards.verify(all_shards, reports, tmp_path / "v.json")
+    with pytest.raises(shards.CorpusError, match="3 shards downloaded, expected 4"):
+        shards.verify(all_shards, reports, tmp_path / "v.json", expected_files=4)
+    record = shards.verify(all_shards, reports, tmp_path / "v.json", expected_files=3)
+    assert [s["size"] is None for s in record["shards"]] == [False, False, True, False]
+    with pytest.raises(shards.CorpusError, match="at least 4 expected"):
+        shards.verify(all_shards, reports, tmp_path / "v.json", min_files=4)
+
+
+def test_download_checks_the_manifest(tmp_path):
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "a.jsonl").write_text('{"text": "a"}\n')
+    server = minicorpus.serve(tmp_path / "srv")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/a.jsonl"
+        manifest = {"a.jsonl": {"size": 14, "sha256": "0" * 64}}
+        with pytest.raises(shards.CorpusError, match="a.jsonl is corrupt: sha256"):
+            shards.download_share(shards.expand({"urls": [url]}), 0, 1, tmp_path / "dl", tmp_path / "t.json",
+                                  retries=0, manifest=manifest)
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "dl" / "a.jsonl").exists()
+
+
+# --- extract, concat, blend ------------------------------------------------------------------
+
+def test_extract_verifies_before_deleting(tmp_path):
+    body = b"".join(b'{"text": "%d"}\n' % i for i in range(5000))
+    good = tmp_path / "a.jsonl.zst"
+    good.write_bytes(zstandard.ZstdCompressor().compress(body))
+    cut = tmp_path / "b.jsonl.zst"
+    cut.write_bytes(good.read_bytes()[:-40])
+    out = tmp_path / "x"
+    assert extract.extract_one(good, out, delete_compressed=True).read_bytes() == body
+    assert not good.exists()
+    with pytest.raises(extract.ExtractError, match="b.jsonl.zst"):
+        extract.extract_one(cut, out, delete_compressed=True)
+    assert cut.exists() and not (out / "b.jsonl").exists()
+
+
+def test_concat_is_stable_and_keeps_lines_apart(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b'{"text": "no newline at end"}')
+    b.write_bytes(b'{"text": "b"}\n')
+    concat.concatenate([a, b], tmp_path / "c1")
+    concat.concatenate([a, b], tmp_path / "c2")
+    assert (tmp_path / "c1").read_bytes() == (tmp_path / "c2").read_bytes() == a.read_bytes() + b"\n" + b.read_bytes()
+
+
+def test_blend_weights(tmp_path):
+    prefixes = []
+    for name, n in (("a", 30), ("b", 10)):
+        w = indexed.IndexedWriter(tmp_path / f"{name}.bin")
+        w.add_document(list(range(n)))
+        w.finalize(tmp_path / f"{name}.idx")
+        prefixes.append(str(tmp_path / name))
+    record = blend.write_blend(prefixes, tmp_path / "data_prefix.json")
+    assert record["data_prefix"] == [0.75, prefixes[0], 0.25, prefixes[1]]
+    assert (tmp_path / "data_prefix.txt").read_text().split() == ["0.75", prefixes[0], "0.25", prefixes[1]]
+    assert blend.blend(prefixes, "equal")["data_prefix"][::2] == [0.5, 0.5]
+
+
+# --- config ----------------------------------------------------------------------------------
+
+def test_corpus_config_errors_name_file_and_key(tmp_path):
+    (tmp_path / "config" / "corpora").mkdir(parents=True)
+    (tmp_path / "workflow").symlink_to(REPO / "workflow")
+    bad = {"name": "bad", "source": {"urls": ["http://x/a.jsonl"]}, "tokenizer": {"type": "GPT2BPETokenizer"},
+           "concat": {"files_per_chunk": 0}}
+    (tmp_path / "config" / "corpora" / "bad.yaml").write_text(json.dumps(bad))
+    with pytest.raises(mlrepro_config.ConfigError) as err:
+        mlrepro_config.load_corpus(tmp_path, "bad")
+    assert "config/corpora/bad.yaml" in str(err.value)
+    assert "concat.files_per_chunk" in str(err.value) and "vocab_file" in str(err.value)
+    for name in ("slimpajama", "slimpajama_quick", "mini_corpus"):
+        assert mlrepro_config.load_corpus(REPO, name)["name"] == name
+
+
+def test_a_shard_already_extracted_is_not_downloaded_again(tmp_path):
+    # The URL points nowhere: a download attempt would fail the task.
+    gone = shards.expand({"urls": ["http://127.0.0.1:9/a.jsonl.zst"]})
+    report = shards.download_share(gone, 0, 1, tmp_path / "dl", tmp_path / "t.json", retries=0,
+                                   already=lambda s: s.name == "a.jsonl.zst")
+    assert report["files"] == {"a.jsonl.zst": 0} and report["missing"] == []
+    assert shards.verify(gone, [report], tmp_path / "v.json")["num_files"] == 1
