@@ -135,10 +135,20 @@ def test_no_reference_compares_seeds_only(tmp_path):
 # ---------------------------------------------------------------- end to end
 
 
-def git_repository(path: Path) -> tuple[str, str]:
+def test_repository_without_published_results_gives_no_reference(tmp_path):
+    """An implementation-only repository: seeds only, said why; the workflow goes on."""
+    url, commit = git_repository(tmp_path / "repo", with_results=False)
+    git = {"url": url, "commit": commit, "folder": "NVIDIA/benchmarks/llama2_70b_lora/implementations"}
+    ref = reference.fetch_published(git, "nyx_n1_ngc25.04_nemo", 1, 8, None, RULES, tmp_path / "published")
+    assert ref["kind"] == "none" and ref["score"] is None
+    assert "publishes no NVIDIA/systems" in ref["match"]["because"]
+
+
+def git_repository(path: Path, with_results: bool = True) -> tuple[str, str]:
     """A git repository laid out as training_results_v5.0: the fixture's results and systems, and
     the published llama2_70b_lora implementation configs. Returns (file:// url, commit)."""
-    shutil.copytree(PUBLISHED / "NVIDIA", path / "NVIDIA")
+    if with_results:
+        shutil.copytree(PUBLISHED / "NVIDIA", path / "NVIDIA")
     shutil.copytree(FIXTURES / "nvidia_configs" / "llama2_70b_lora",
                     path / "NVIDIA" / "benchmarks" / "llama2_70b_lora" / "implementations")
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",

@@ -131,15 +131,25 @@ def fetch_published(git: dict, chosen_system: str, nodes: int, gpus_per_node: in
     from mlrepro import implementation
 
     submitter, benchmark = submission_parts(git["folder"])
-    systems_dir = implementation.fetch_implementation(git["url"], git["commit"], f"{submitter}/systems",
-                                                      dest / "systems")
+    try:
+        systems_dir = implementation.fetch_implementation(git["url"], git["commit"], f"{submitter}/systems",
+                                                          dest / "systems")
+    except implementation.FetchError as exc:
+        # A repository that publishes no results (an implementation-only fork) is a fact, not a
+        # failure; anything else (no network) must fail, or a missing reference would be cached.
+        if "has no folder" not in str(exc):
+            raise
+        return no_reference(benchmark, f"{git['url']} at {git['commit']} publishes no {submitter}/systems, so "
+                                       "there is no published result to compare with")
     published = {p.stem: json.loads(p.read_text()) for p in sorted(systems_dir.glob("*.json"))}
     match = choose_published(chosen_system, nodes, gpus_per_node, accelerator, published)
     results_folder = f"{submitter}/results/{match['system']}/{benchmark}"
     try:
         logs_dir = implementation.fetch_implementation(git["url"], git["commit"], results_folder, dest / "results")
     except implementation.FetchError as exc:
-        raise ReferenceError(f"{match['system']} published no {benchmark} result: {exc}") from None
+        if "has no folder" not in str(exc):
+            raise
+        return no_reference(benchmark, f"{git['url']} at {git['commit']} has no {results_folder}")
     return {
         "kind": PUBLISHED,
         "label": f"{submitter} {match['system']} (published)",
@@ -179,8 +189,9 @@ def local_reference(runs: Path, rules: scoring.Rules, description: str) -> dict:
     }
 
 
-def no_reference(benchmark: str) -> dict:
+def no_reference(benchmark: str, why: str | None = None) -> dict:
+    why = why or f"{benchmark} has no published result and ships no reference runs"
     return {"kind": NONE, "label": "none",
-            "match": {"exact": None, "because": f"{benchmark} has no published result and ships no reference "
-                      "runs: its seeds are compared with each other only", "differences": []},
+            "match": {"exact": None, "because": f"{why}: its seeds are compared with each other only",
+                      "differences": []},
             "score": None}

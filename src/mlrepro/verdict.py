@@ -259,8 +259,8 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
         parts.append("<p>Your system differs from the published one:</p><ul id='differences'>"
                      + "".join(f"<li>{_e(d)}</li>" for d in match["differences"]) + "</ul>")
     if verdict.get("tests"):
-        parts.append(f"<table id='tests'><tr><th>per run</th><th>yours</th><th>reference</th><th>difference</th>"
-                     f"<th>p</th><th>beyond the spread?</th></tr>")
+        parts.append("<table id='tests'><tr><th>per run</th><th>yours</th><th>reference</th><th>difference</th>"
+                     "<th>p</th><th>beyond the spread?</th></tr>")
         units = {"time_to_train": ("time to train (min, olympic)", ".3f"),
                  "time_per_sample": ("minutes per 1000 samples (olympic)", ".4f"),
                  "samples_to_converge": ("samples to converge (olympic)", ".1f")}
