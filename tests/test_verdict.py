@@ -266,15 +266,15 @@ def test_verdicts_read_back_in_headless_chromium(workspace, tmp_path):
     final = dom(results / "report.html", tmp_path)
     rows = {r["benchmark"]: r["cells"] for r in final.rows if r["benchmark"]}
     header = final.rows[0]["cells"]
-    col = {name: header.index(name) for name in ("benchmark", "verdict", "difference pct", "score minutes",
-                                                   "reference score minutes", "report")}
+    col = {name: header.index(name) for name in ("benchmark", "verdict", "difference", "your score (min)",
+                                                   "reference score (min)", "report")}
     assert rows["llama2_lora"][col["verdict"]] == "reproduced"
-    assert rows["llama2_lora"][col["difference pct"]] == "+0.0%"
-    assert rows["llama2_lora"][col["reference score minutes"]] == "11.275"
+    assert rows["llama2_lora"][col["difference"]] == "+0.0%"
+    assert rows["llama2_lora"][col["reference score (min)"]] == "11.275"
     assert rows["llama2_lora_slower"][col["verdict"]] == "not reproduced"
-    assert rows["llama2_lora_slower"][col["difference pct"]] == "+10.0%"
+    assert rows["llama2_lora_slower"][col["difference"]] == "+10.0%"
     published = json.loads((results / "summary.json").read_text())[1]["reference_score_minutes"]
-    assert rows["llama2_lora_slower"][col["score minutes"]] == f"{published * 1.1:.3f}"
+    assert rows["llama2_lora_slower"][col["your score (min)"]] == f"{published * 1.1:.3f}"
     for name, expected, diff in (("llama2_lora", "REPRODUCED", "+0.0%"), ("llama2_lora_slower", "NOT REPRODUCED",
                                                                            "+10.0%")):
         page = dom(results / name / "report.html", tmp_path)

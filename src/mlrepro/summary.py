@@ -78,22 +78,32 @@ def _cell(column: str, value) -> str:
 
 
 SHOWN = ["benchmark", "system", "verdict", "score_minutes", "reference_score_minutes", "difference_pct", "reference",
-         "p_time_to_train", "p_time_per_sample", "p_samples_to_converge", "rcp_factor", "reference_rcp_factor", "why",
-         "report"]
+         "p", "rcp", "why", "report"]
+# Column headings of the page (the CSV and JSON keep the column names).
+LABELS = {"score_minutes": "your score (min)", "reference_score_minutes": "reference score (min)",
+          "difference_pct": "difference", "p": "p: time to train / per sample / samples",
+          "rcp": "RCP factor: yours / reference"}
+
+
+def _joined(rec: dict, columns: list[str]) -> str:
+    return " / ".join(_cell(c, rec[c]) for c in columns)
 
 
 def render_final(table: pd.DataFrame) -> str:
     """The final report page: the verdict table first, then how verdicts are reached."""
-    head = "".join(f"<th>{html.escape(c.replace('_', ' '))}</th>" for c in SHOWN)
+    head = "".join(f"<th>{html.escape(LABELS.get(c, c.replace('_', ' ')))}</th>" for c in SHOWN)
     body = []
     for rec in table.to_dict("records"):
         cls = "ok" if rec["verdict"] in ("reproduced", "seeds only") else "bad"
-        cells = "".join(f"<td class='{cls}'>" + _cell(c, rec[c]) + "</td>" if c == "verdict" else
-                        f"<td>{_cell(c, rec[c])}</td>" for c in SHOWN)
+        rec = {**rec, "p": _joined(rec, ["p_time_to_train", "p_time_per_sample", "p_samples_to_converge"]),
+               "rcp": _joined(rec, ["rcp_factor", "reference_rcp_factor"])}
+        classes = {"verdict": cls, "why": "why"}
+        cells = "".join(f"<td class='{classes.get(c, '')}'>{rec[c] if c in ('p', 'rcp') else _cell(c, rec[c])}</td>"
+                        for c in SHOWN)
         body.append(f"<tr data-benchmark='{html.escape(rec['benchmark'])}'>{cells}</tr>")
     reproduced = int((table["verdict"] == "reproduced").sum()) if len(table) else 0
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>mlrepro final report</title>"
-            f"<style>{_CSS}</style></head><body>"
+            f"<style>{_CSS}body{{max-width:none;margin:1.5em}} td.why{{min-width:14em}} table{{font-size:.85em}}</style></head><body>"
             "<h1>mlrepro final report</h1>"
             f"<table id='verdicts-table'><tr>{head}</tr>{''.join(body)}</table>"
             f"<p id='overview'>{len(table)} benchmark and system pairs, {reproduced} reproduced.</p>"

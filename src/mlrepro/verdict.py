@@ -8,8 +8,8 @@ on the two sets of per-run values:
 * time per sample (minutes / samples to converge). Time to train is samples to converge times
   time per sample, and the samples vary from seed to seed by the nature of convergence
   (llama2_70b_lora's published runs range 2688-3840 samples, 9.5-13.9 min), which hides a
-  machine that is 10% slower from the first test at ten runs a side. Per sample, the
-  published runs agree within about 2%, so a slower machine shows;
+  machine that is 10% slower from the first test at ten runs a side (p = 0.12). Per sample,
+  those runs agree within 3.2% (coefficient of variation 1.2%), so a slower machine shows;
 * samples to converge, the convergence itself (and the RCP factor beside it).
 
 Reproduced means: your score is valid and none of the three tests finds a difference.
@@ -252,7 +252,9 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
                      f"min, difference <b id='difference'>{_n(verdict['difference_pct'], '+.1f')}%</b></div>")
     parts.append("<ul>" + "".join(f"<li>{_e(w)}</li>" for w in verdict.get("why") or []) + "</ul></div>")
     match = ref.get("match") or {}
-    parts.append(f"<p class='small' id='reference-source'>Reference: {_e(ref.get('label'))}. {_e(match.get('because'))}."
+    because = str(match.get("because") or "")
+    parts.append(f"<p class='small' id='reference-source'>Reference: {_e(ref.get('label'))}. "
+                 f"{_e(because[:1].upper() + because[1:])}."
                  + (f" Source: {_e(ref['source'].get('url', ''))} {_e(ref['source'].get('folder'))} at "
                     f"{_e(ref['source'].get('commit'))}." if ref.get("kind") == "published" else "") + "</p>")
     if match.get("differences"):
