@@ -285,3 +285,18 @@ def test_verdicts_read_back_in_headless_chromium(workspace, tmp_path):
         assert "distribution-plot" in page.ids
     slower = dom(results / "llama2_lora_slower" / "report.html", tmp_path)
     assert re.search(r"time per sample 10\.0% higher than the reference's, beyond its runs' spread", slower.ids["reproduction"])
+
+
+def test_mini_lora_reference_runs_are_scored_like_its_seeds(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    settings = mlrepro_config.load({"benchmarks": ["mini_lora"], "system": "local"}, ws)
+    out = ws / "results" / "mini_lora" / "reference.json"
+    stages.reference(settings, "mini_lora", out)
+    ref = json.loads(out.read_text())
+    assert ref["kind"] == "reference runs" and ref["score"]["valid"] and len(ref["score"]["runs"]) == 10
+    assert ref["system_desc"]["number_of_nodes"] == "1" and ref["environment"]["runtime"] == "none"
+    # a reference folder that is not there is a configuration error naming the file and the key
+    bench = ws / "config" / "benchmarks" / "mini_lora.yaml"
+    bench.write_text(bench.read_text().replace("runs: implementations/mini_lora/reference", "runs: nowhere"))
+    with pytest.raises(mlrepro_config.ConfigError, match=r"mini_lora.yaml: reference.runs: folder 'nowhere'"):
+        mlrepro_config.load({"benchmarks": ["mini_lora"], "system": "local"}, ws)
