@@ -22,16 +22,13 @@ each other only: their spread and each seed's distance from the median.
 
 from __future__ import annotations
 
-import html
-import io
 import math
 import statistics
 from typing import Any, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+# report.py sets the Agg backend before pyplot is imported; its helpers render here too.
+from mlrepro.report import _e, _svg, plt
+from mlrepro.report import _num as _n
 
 ALPHA = 0.05
 METHOD = ("two-sided Mann-Whitney U test (scipy.stats.mannwhitneyu) on the per-run values of your counted runs "
@@ -171,14 +168,6 @@ def compare(yours: dict, reference: dict, *, benchmark: str | None = None, syste
 # ---------------------------------------------------------------- rendering
 
 
-def _svg(fig) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
-
-
 def distribution_plot(verdict: dict) -> str:
     """Per-run time to train and time per sample, yours beside the reference's (SVG text)."""
     runs = verdict["runs"]
@@ -199,14 +188,6 @@ def distribution_plot(verdict: dict) -> str:
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=.3)
     return _svg(fig)
-
-
-def _e(x: Any) -> str:
-    return html.escape("-" if x is None else str(x))
-
-
-def _n(x: Any, spec: str = ".3f") -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def _env_rows(verdict: dict) -> list[tuple[str, str, str]]:
