@@ -80,7 +80,7 @@ def finished(tmp_path_factory):
     # A killed snakemake leaves its lock; --unlock is what its error message tells the user.
     run_snakemake(ws, *PROFILE, "--unlock")
     started = time.monotonic()
-    run = run_snakemake(ws, *PROFILE, TARGET, "results/mini_lora/report.html")
+    run = run_snakemake(ws, *PROFILE, TARGET, "results/mini_lora/report.html", "results/report.html")
     return {"ws": ws, "killed": killed, "run": run, "seconds": time.monotonic() - started}
 
 
@@ -130,7 +130,8 @@ def test_deleted_seed_is_the_only_one_recomputed(finished):
     others = {p: p.stat().st_mtime_ns for p in (ws / "results" / "mini_lora").glob("seed_*/mllog.txt") if "seed_4" not in str(p)}
     shutil.rmtree(ws / "results" / "mini_lora" / "seed_4")
     plan = planned_jobs(run_snakemake(ws, *PROFILE, "-n").stdout)
-    assert plan == {"train_seed": 1, "score_seed": 1, "score": 1, "report": 1, "all": 1}
+    assert plan == {"train_seed": 1, "score_seed": 1, "score": 1, "verdict": 1, "report": 1, "final_report": 1,
+                    "all": 1}
     run_snakemake(ws, *PROFILE)
     assert (ws / "results" / "mini_lora" / "seed_4" / "mllog.txt").exists()
     assert {p: p.stat().st_mtime_ns for p in others} == others

@@ -126,6 +126,7 @@ class Benchmark:
     env: dict
     source: Path
     corpus: str | None = None
+    reference: dict | None = None  # reference runs for a benchmark with no published result
 
     def scoring_rules(self):
         """The scoring rules of this benchmark (see mlrepro.scoring)."""
@@ -194,7 +195,18 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         env={k: str(v) for k, v in data["env"].items()},
         source=path,
         corpus=data.get("corpus"),
+        reference=_reference(root, rel, data.get("reference")),
     )
+
+
+def _reference(root: Path, rel: Path, reference: dict | None) -> dict | None:
+    if reference is None:
+        return None
+    runs = Path(reference["runs"])
+    runs = runs if runs.is_absolute() else root / runs
+    if not runs.is_dir():
+        raise ConfigError(f"{rel}: reference.runs: folder '{reference['runs']}' does not exist")
+    return {"runs": runs, "description": reference.get("description", "")}
 
 
 def load_system(root: Path, name: str) -> System:

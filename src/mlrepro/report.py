@@ -110,8 +110,11 @@ def plots(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None) ->
 
 
 def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None,
-                  figures: Mapping[str, str] | None = None) -> str:
-    """The report page as a string (`figures` from plots(), made from `logs` when not given)."""
+                  figures: Mapping[str, str] | None = None, verdict_html: str | None = None) -> str:
+    """The report page as a string (`figures` from plots(), made from `logs` when not given).
+
+    `verdict_html` (mlrepro.verdict.render_section) follows the score: how it compares with the reference.
+    """
     figures = figures or plots(score, logs)
     valid = bool(score.get("valid"))
     t = score["target"]
@@ -128,6 +131,8 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     if score.get("reasons"):
         parts.append("<h3>Why not valid</h3><ul>" + "".join(f"<li class='bad'>{_e(r)}</li>" for r in score["reasons"])
                      + "</ul>")
+    if verdict_html:
+        parts.append(verdict_html)
     parts.append("<h2>Runs</h2><table id='runs'><tr><th>seed</th><th>minutes</th><th>status</th><th>samples to "
                  "converge</th><th>compliance</th><th>counted</th><th>reasons / problems</th><th>file</th></tr>")
     for r in score.get("runs") or []:
@@ -160,7 +165,7 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
 
 
 def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, out_html: str | os.PathLike,
-                 plot_dir: str | os.PathLike | None = None) -> Path:
+                 plot_dir: str | os.PathLike | None = None, verdict_html: str | None = None) -> Path:
     """Write the report for `score` (a score_runs result) to `out_html` atomically.
 
     `logs` maps seed → log path (or lists log paths) for the convergence plot;
@@ -169,7 +174,7 @@ def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, ou
     """
     figures = plots(score, logs)
     out = Path(out_html)
-    atomic_write_text(out, render_report(score, figures=figures))
+    atomic_write_text(out, render_report(score, figures=figures, verdict_html=verdict_html))
     if plot_dir is not None:
         for name, svg in figures.items():
             atomic_write_text(Path(plot_dir) / f"{name}.svg", svg)

@@ -191,10 +191,70 @@ def score(settings, benchmark: str, run_files: list[Path], mllogs: list[Path], o
     atomic_write_json(out, result)
 
 
-def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path, plot_dir: Path) -> None:
+def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path, plot_dir: Path,
+           verdict_file: Path | None = None) -> None:
     from mlrepro import report as reports
+    from mlrepro import verdict as verdicts
 
-    reports.write_report(json.loads(Path(score_file).read_text()), mllogs, out, plot_dir=plot_dir)
+    section = None
+    if verdict_file is not None:
+        svg = plot_dir / "distribution.svg"
+        section = verdicts.render_section(json.loads(Path(verdict_file).read_text()),
+                                          svg.read_text() if svg.is_file() else None)
+    reports.write_report(json.loads(Path(score_file).read_text()), mllogs, out, plot_dir=plot_dir,
+                         verdict_html=section)
+
+
+def reference(settings, benchmark: str, out: Path) -> None:
+    """What the benchmark's runs are compared with, scored like them (see mlrepro.reference)."""
+    from mlrepro import reference as references
+
+    bench = settings.benchmark(benchmark)
+    rules = bench.scoring_rules()
+    if bench.reference:
+        ref = references.local_reference(bench.reference["runs"], rules, bench.reference["description"])
+    elif bench.implementation_git and bench.mlperf_benchmark:
+        # The shape the runs used is the config's, which fits the system.
+        config = launch.implementation_config(bench, settings.system)
+        ref = references.fetch_published(
+            bench.implementation_git, config.path.parent.name, config.nodes, config.gpus_per_node,
+            settings.system.submission.get("accelerator_model_name"), rules,
+            settings.root / "resources" / benchmark / "published")
+    else:
+        ref = references.no_reference(benchmark)
+    atomic_write_json(out, ref)
+
+
+def preflight_file(settings, benchmark: str) -> Path | None:
+    """The system's preflight record, when one was made."""
+    for path in (settings.root / "results" / "preflight" / settings.system.name / "preflight.json",
+                 settings.root / "results" / benchmark / "preflight.json"):
+        if path.is_file():
+            return path
+    return None
+
+
+def verdict(settings, benchmark: str, score_file: Path, reference_file: Path, container_file: Path,
+            out: Path, plot: Path) -> None:
+    """Your score against the reference's (see mlrepro.verdict), with the runs' distributions plotted."""
+    import dataclasses
+
+    from mlrepro import verdict as verdicts
+    from mlrepro.fsutil import atomic_write_text
+
+    pre = preflight_file(settings, benchmark)
+    environment = {"container": json.loads(Path(container_file).read_text()),
+                   "preflight": json.loads(pre.read_text()) if pre else None}
+    result = verdicts.compare(json.loads(Path(score_file).read_text()), json.loads(Path(reference_file).read_text()),
+                              benchmark=benchmark, system=dataclasses.asdict(settings.system), environment=environment)
+    atomic_write_json(out, result)
+    atomic_write_text(plot, verdicts.distribution_plot(result))
+
+
+def final_report(settings, verdict_files: list[Path], out_html: Path, out_csv: Path, out_json: Path) -> None:
+    from mlrepro import summary
+
+    summary.write_final_report(verdict_files, out_html, out_csv, out_json)
 
 
 def submission(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path) -> None:
@@ -236,7 +296,9 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from mlrepro import container as containers
     from mlrepro import data, implementation
 
-    return (data.DataError, implementation.ImplementationError, containers.ContainerError)
+    from mlrepro import reference
+
+    return (data.DataError, implementation.ImplementationError, containers.ContainerError, reference.ReferenceError)
 
 
 @contextlib.contextmanager
@@ -268,7 +330,12 @@ def run_from_snakemake(smk) -> None:
         "score_seed": lambda: score_seed(settings, wc.benchmark, int(wc.seed), Path(smk.input[0]), out),
         "score": lambda: score(settings, wc.benchmark, list(map(Path, smk.input.runs)), list(map(Path, smk.input.mllogs)), out),
         "report": lambda: report(settings, wc.benchmark, Path(smk.input.score), list(map(Path, smk.input.mllogs)), out,
-                                 Path(smk.output.convergence).parent),
+                                 Path(smk.output.convergence).parent, Path(smk.input.verdict)),
+        "reference": lambda: reference(settings, wc.benchmark, out),
+        "verdict": lambda: verdict(settings, wc.benchmark, Path(smk.input.score), Path(smk.input.reference),
+                                   Path(smk.input.container), out, Path(smk.output.distribution)),
+        "final_report": lambda: final_report(settings, list(map(Path, smk.input.verdicts)), out, Path(smk.output.csv),
+                                             Path(smk.output.json)),
         "submission": lambda: submission(settings, wc.benchmark, Path(smk.input.score), list(map(Path, smk.input.mllogs)), out),
     }
     # The download and training stages own their log file (the child's output goes there).

@@ -76,7 +76,7 @@ def all_targets():
         targets += [f"results/{name}/score.json", f"results/{name}/report.html"]
         if SETTINGS.benchmark(name).mlperf_benchmark:
             targets.append(f"results/{name}/submission")
-    return targets
+    return targets + ["results/report.html"]
 
 
 def implementation_ready(wc):
@@ -84,6 +84,12 @@ def implementation_ready(wc):
     if SETTINGS.benchmark(wc.benchmark).implementation_git is None:
         return []
     return checkpoints.implementation.get(benchmark=wc.benchmark).output
+
+
+def reference_runs(wc):
+    """Input helper: the shipped reference runs of a benchmark that has them."""
+    ref = SETTINGS.benchmark(wc.benchmark).reference
+    return sorted(str(p) for p in ref["runs"].iterdir() if p.is_file()) if ref else []
 
 
 def implementation_files(wc):

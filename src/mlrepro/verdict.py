@@ -1,0 +1,276 @@
+"""Was the result reproduced? Your scored runs against the reference's, with a stated test.
+
+The score difference is reported in %, and whether it is within what the runs' own spread
+explains is decided by two-sided Mann-Whitney U tests (scipy.stats.mannwhitneyu, alpha 0.05)
+on the two sets of per-run values:
+
+* time to train per run (minutes), the number the score is made of;
+* time per sample (minutes / samples to converge). Time to train is samples to converge times
+  time per sample, and the samples vary from seed to seed by the nature of convergence
+  (llama2_70b_lora's published runs range 2688-3840 samples, 9.5-13.9 min), which hides a
+  machine that is 10% slower from the first test at ten runs a side (p = 0.12). Per sample,
+  those runs agree within 3.2% (coefficient of variation 1.2%), so a slower machine shows;
+* samples to converge, the convergence itself (and the RCP factor beside it).
+
+Reproduced means: your score is valid and none of the three tests finds a difference.
+Mann-Whitney makes no normality assumption and ten runs a side is what it needs to detect
+a shift at alpha 0.05 (no overlap of the two sets gives p = 0.00018).
+
+Without a reference (a miniature that ships no reference runs) the seeds are compared with
+each other only: their spread and each seed's distance from the median.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Sequence
+
+# report.py sets the Agg backend before pyplot is imported; its helpers render here too.
+from mlrepro.report import _e, _svg, plt
+from mlrepro.report import _num as _n
+
+ALPHA = 0.05
+METHOD = ("two-sided Mann-Whitney U test (scipy.stats.mannwhitneyu) on the per-run values of your counted runs "
+          f"against the reference's, alpha {ALPHA}")
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+NOT_VALID = "not valid"
+NO_REFERENCE = "seeds only"
+
+
+def _counted(score: dict | None) -> list[dict]:
+    return [r for r in (score or {}).get("runs") or [] if r.get("counted") and r.get("minutes") is not None]
+
+
+def _values(score: dict | None, what: str) -> list[float]:
+    runs = _counted(score)
+    if what == "minutes":
+        return [r["minutes"] for r in runs]
+    if what == "samples":
+        return [r["samples_to_converge"] for r in runs if r.get("samples_to_converge")]
+    return [r["minutes"] / r["samples_to_converge"] * 1000 for r in runs if r.get("samples_to_converge")]
+
+
+def _pct(yours: float | None, theirs: float | None) -> float | None:
+    if yours is None or theirs is None or theirs == 0:
+        return None
+    return (yours - theirs) / theirs * 100
+
+
+def olympic(values: Sequence[float]) -> float | None:
+    """Mean without the fastest and the slowest (the plain mean below three values)."""
+    v = sorted(values)
+    if not v:
+        return None
+    return statistics.fmean(v[1:-1] if len(v) >= 3 else v)
+
+
+def mann_whitney(yours: Sequence[float], theirs: Sequence[float]) -> dict:
+    """The test on two sets of per-run values: {p, statistic, n_yours, n_theirs, difference_pct, note}."""
+    out: dict[str, Any] = {"n_yours": len(yours), "n_theirs": len(theirs), "p": None, "statistic": None,
+                           "difference_pct": _pct(olympic(yours), olympic(theirs)),
+                           "yours": olympic(yours), "theirs": olympic(theirs)}
+    if len(yours) < 2 or len(theirs) < 2:
+        out["note"] = "too few runs to test (needs two a side)"
+        return out
+    from scipy.stats import mannwhitneyu
+
+    result = mannwhitneyu(yours, theirs, alternative="two-sided")
+    p = float(result.pvalue)
+    # Every value equal on both sides: nothing to tell apart.
+    out["p"] = 1.0 if math.isnan(p) else p
+    out["statistic"] = float(result.statistic)
+    out["different"] = out["p"] < ALPHA
+    return out
+
+
+def seed_spread(score: dict | None) -> dict:
+    """How the seeds of one set of runs compare with each other."""
+    runs = _counted(score)
+    minutes = [r["minutes"] for r in runs]
+    if not minutes:
+        return {"runs": 0, "median": None, "cv_pct": None, "range_pct": None, "seeds": []}
+    median = statistics.median(minutes)
+    cv = statistics.stdev(minutes) / statistics.fmean(minutes) * 100 if len(minutes) > 1 else 0.0
+    return {
+        "runs": len(minutes),
+        "median": median,
+        "cv_pct": cv,
+        "range_pct": (max(minutes) - min(minutes)) / median * 100,
+        "seeds": [{"seed": r.get("seed"), "minutes": r["minutes"], "from_median_pct": _pct(r["minutes"], median)}
+                  for r in runs],
+    }
+
+
+def compare(yours: dict, reference: dict, *, benchmark: str | None = None, system: dict | None = None,
+            environment: dict | None = None) -> dict:
+    """The verdict of one benchmark on one system (verdict.json).
+
+    `yours` is the benchmark's score.json, `reference` its reference.json (see
+    mlrepro.reference), `benchmark` its configured name (default: the score's),
+    `system` what the user ran on, `environment` the user's
+    container.json (and preflight, when there is one).
+    """
+    theirs = reference.get("score")
+    out: dict[str, Any] = {
+        "benchmark": benchmark or yours["benchmark"],
+        "mlperf_benchmark": yours.get("mlperf_benchmark"),
+        "system": system or {},
+        "reference": {k: v for k, v in reference.items() if k != "score"},
+        "method": METHOD,
+        "alpha": ALPHA,
+        "valid": bool(yours.get("valid")),
+        "reasons": list(yours.get("reasons") or []),
+        "score_minutes": yours.get("score_minutes"),
+        "reference_score_minutes": (theirs or {}).get("score_minutes"),
+        "reference_valid": (theirs or {}).get("valid"),
+        "difference_pct": _pct(yours.get("score_minutes"), (theirs or {}).get("score_minutes")),
+        "rcp_factor": (yours.get("rcp") or {}).get("scaling_factor"),
+        "reference_rcp_factor": ((theirs or {}).get("rcp") or {}).get("scaling_factor"),
+        "seeds": seed_spread(yours),
+        "reference_seeds": seed_spread(theirs),
+        "runs": {"yours": _values(yours, "minutes"), "theirs": _values(theirs, "minutes"),
+                 "yours_per_ksample": _values(yours, "speed"), "theirs_per_ksample": _values(theirs, "speed")},
+        "environment": environment or {},
+        "tests": {},
+    }
+    out["rcp_factor_difference_pct"] = _pct(out["rcp_factor"], out["reference_rcp_factor"])
+    if theirs is None:
+        out["verdict"] = NO_REFERENCE if out["valid"] else NOT_VALID
+        out["why"] = [reference["match"]["because"]] + out["reasons"]
+        return out
+    tests = {
+        "time_to_train": mann_whitney(_values(yours, "minutes"), _values(theirs, "minutes")),
+        "time_per_sample": mann_whitney(_values(yours, "speed"), _values(theirs, "speed")),
+        "samples_to_converge": mann_whitney(_values(yours, "samples"), _values(theirs, "samples")),
+    }
+    out["tests"] = tests
+    why = []
+    labels = {"time_to_train": "time to train", "time_per_sample": "time per sample",
+              "samples_to_converge": "samples to converge"}
+    for key, test in tests.items():
+        if test.get("different"):
+            way = "higher" if (test["difference_pct"] or 0) > 0 else "lower"
+            why.append(f"{labels[key]} {abs(test['difference_pct']):.1f}% {way} than the reference's, beyond its "
+                       f"runs' spread (p = {test['p']:.2g})")
+    if not out["valid"]:
+        out["verdict"] = NOT_VALID
+        why = out["reasons"] + why
+    else:
+        out["verdict"] = NOT_REPRODUCED if why else REPRODUCED
+        if not why:
+            why = [f"difference {out['difference_pct']:+.1f}% is within what the runs' spread explains"]
+    out["why"] = why
+    return out
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def distribution_plot(verdict: dict) -> str:
+    """Per-run time to train and time per sample, yours beside the reference's (SVG text)."""
+    runs = verdict["runs"]
+    ref_label = "reference" if verdict["reference"].get("kind") != "published" else "published"
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, (mine, theirs, title) in zip(axes, [
+            (runs["yours"], runs["theirs"], "time to train per run (min)"),
+            (runs["yours_per_ksample"], runs["theirs_per_ksample"], "minutes per 1000 samples")]):
+        data = [(f"yours ({len(mine)})", mine, "#3a7bd5")]
+        if theirs:
+            data.append((f"{ref_label} ({len(theirs)})", theirs, "#999"))
+        for i, (label, values, colour) in enumerate(data):
+            if values:
+                ax.boxplot([values], positions=[i], widths=.5, showfliers=False)
+                jitter = [i + (k % 5 - 2) * .04 for k in range(len(values))]
+                ax.scatter(jitter, values, color=colour, s=14, zorder=3)
+        ax.set_xticks(range(len(data)), [d[0] for d in data])
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=.3)
+    return _svg(fig)
+
+
+def _env_rows(verdict: dict) -> list[tuple[str, str, str]]:
+    env = verdict.get("environment") or {}
+    container = env.get("container") or {}
+    machine = container.get("environment") or {}
+    system = verdict.get("system") or {}
+    ref = verdict["reference"]
+    desc = ref.get("system_desc") or {}
+    ref_env = (ref.get("environment") or {}).get("environment") or {}
+    stack = desc.get("other_software_stack")
+    stack_s = ", ".join(f"{k} {v}" for k, v in stack.items()) if isinstance(stack, dict) else stack
+    sub = system.get("submission") or {}
+    packages = machine.get("packages") or {}
+    ref_packages = ref_env.get("packages") or {}
+    return [
+        ("system", system.get("name"), desc.get("system_name") or ref.get("system")),
+        ("nodes x accelerators", f"{system.get('nodes')} x {system.get('gpus_per_node')}",
+         f"{desc.get('number_of_nodes') or '-'} x {desc.get('accelerators_per_node') or '-'}"),
+        ("accelerator", sub.get("accelerator_model_name") or system.get("device"), desc.get("accelerator_model_name")),
+        ("host processor", sub.get("host_processor_model_name") or machine.get("machine"),
+         desc.get("host_processor_model_name") or ref_env.get("machine")),
+        ("container", container.get("tag") or container.get("runtime"), desc.get("framework")),
+        ("image digest", container.get("digest") or container.get("image_id"), None),
+        ("python / torch", f"{machine.get('python', '-')} / {packages.get('torch', '-')}" if machine else None,
+         f"{ref_env.get('python', '-')} / {ref_packages.get('torch', '-')}" if ref_env else None),
+        ("software stack", None, stack_s),
+        ("operating system", machine.get("platform"), desc.get("operating_system") or ref_env.get("platform")),
+        ("preflight", "present" if env.get("preflight") else "not run", None),
+    ]
+
+
+def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
+    """The verdict as an HTML fragment for the benchmark's report page."""
+    ref = verdict["reference"]
+    status = verdict["verdict"]
+    css = {"reproduced": "valid", "seeds only": "valid"}.get(status, "invalid")
+    parts = [f"<h2>Compared with the {'published result' if ref.get('kind') == 'published' else 'reference'}</h2>",
+             f"<div class='verdict {css}' id='reproduction'>verdict: <b id='verdict-status'>{_e(status.upper())}</b>"]
+    if verdict.get("reference_score_minutes") is not None:
+        parts.append(f"<div class='small'>yours <b id='your-score'>{_n(verdict['score_minutes'])}</b> min, "
+                     f"{_e(ref.get('label'))} <b id='reference-score'>{_n(verdict['reference_score_minutes'])}</b> "
+                     f"min, difference <b id='difference'>{_n(verdict['difference_pct'], '+.1f')}%</b></div>")
+    parts.append("<ul>" + "".join(f"<li>{_e(w)}</li>" for w in verdict.get("why") or []) + "</ul></div>")
+    match = ref.get("match") or {}
+    because = str(match.get("because") or "")
+    parts.append(f"<p class='small' id='reference-source'>Reference: {_e(ref.get('label'))}. "
+                 f"{_e(because[:1].upper() + because[1:])}."
+                 + (f" Source: {_e(ref['source'].get('url', ''))} {_e(ref['source'].get('folder'))} at "
+                    f"{_e(ref['source'].get('commit'))}." if ref.get("kind") == "published" else "") + "</p>")
+    if match.get("differences"):
+        parts.append("<p>Your system differs from the published one:</p><ul id='differences'>"
+                     + "".join(f"<li>{_e(d)}</li>" for d in match["differences"]) + "</ul>")
+    if verdict.get("tests"):
+        parts.append("<table id='tests'><tr><th>per run</th><th>yours</th><th>reference</th><th>difference</th>"
+                     "<th>p</th><th>beyond the spread?</th></tr>")
+        units = {"time_to_train": ("time to train (min, olympic)", ".3f"),
+                 "time_per_sample": ("minutes per 1000 samples (olympic)", ".4f"),
+                 "samples_to_converge": ("samples to converge (olympic)", ".1f")}
+        for key, test in verdict["tests"].items():
+            label, spec = units[key]
+            parts.append(f"<tr><td>{label}</td><td>{_n(test['yours'], spec)}</td><td>{_n(test['theirs'], spec)}</td>"
+                         f"<td>{_n(test['difference_pct'], '+.1f')}%</td><td>{_n(test['p'], '.3g')}</td>"
+                         f"<td>{'yes' if test.get('different') else ('no' if test['p'] is not None else _e(test.get('note')))}"
+                         "</td></tr>")
+        parts.append(f"<tr><td>RCP factor</td><td>{_n(verdict['rcp_factor'], '.6f')}</td>"
+                     f"<td>{_n(verdict['reference_rcp_factor'], '.6f')}</td>"
+                     f"<td>{_n(verdict['rcp_factor_difference_pct'], '+.2f')}%</td><td>-</td><td>-</td></tr></table>")
+        parts.append(f"<p class='small' id='method'>Test: {_e(verdict['method'])}. Time per sample separates the "
+                     "machine's speed from the seed-to-seed variation of samples to converge.</p>")
+    spread = verdict["seeds"]
+    ref_spread = verdict.get("reference_seeds") or {}
+    parts.append("<h3>Seeds compared with each other</h3>"
+                 f"<p id='seed-spread'>yours: {spread['runs']} counted runs, median {_n(spread['median'])} min, "
+                 f"coefficient of variation {_n(spread['cv_pct'], '.1f')}%, range {_n(spread['range_pct'], '.1f')}% "
+                 "of the median" + (f"; reference: {ref_spread['runs']} runs, CV {_n(ref_spread['cv_pct'], '.1f')}%, "
+                                    f"range {_n(ref_spread['range_pct'], '.1f')}%" if ref_spread.get("runs") else "")
+                 + "</p><table id='seeds'><tr><th>seed</th><th>minutes</th><th>from the median</th></tr>"
+                 + "".join(f"<tr><td>{_e(s['seed'])}</td><td>{_n(s['minutes'])}</td>"
+                           f"<td>{_n(s['from_median_pct'], '+.1f')}%</td></tr>" for s in spread["seeds"]) + "</table>")
+    if distribution_svg:
+        parts.append(f"<figure id='distribution-plot'>{distribution_svg}</figure>")
+    parts.append("<h3>Environment</h3><table id='environment'><tr><th></th><th>yours</th><th>reference</th></tr>"
+                 + "".join(f"<tr><th>{_e(k)}</th><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for k, a, b in _env_rows(verdict))
+                 + "</table>")
+    return "".join(parts)
