@@ -43,11 +43,11 @@ from typing import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from mlrepro.fsutil import atomic_write_json, file_manifest, sha256_file
+from mlrepro.secrets import redact, redactor, secret_values
 
 log = logging.getLogger(__name__)
 
 GIB = 1024**3
-REDACTED = "***"
 
 
 class DataError(RuntimeError):
@@ -63,26 +63,8 @@ class DownloadError(DataError):
 
 
 # ---------------------------------------------------------------------------
-# secrets
+# secrets (one definition, in mlrepro.secrets)
 # ---------------------------------------------------------------------------
-
-# Environment variables whose values are treated as secrets in logs.
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY)", re.IGNORECASE)
-# Shorter values would redact ordinary words and digits all over a log.
-_MIN_SECRET_LEN = 6
-
-
-def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """`text` with every secret value replaced by `***`."""
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def secret_values(env: Mapping[str, str]) -> list[str]:
-    """Values of the variables in `env` whose names mark them as secrets."""
-    return [v for k, v in env.items() if _SECRET_NAME.search(k) and v and len(v) >= _MIN_SECRET_LEN]
-
 
 def _safe_url(url: str) -> str:
     """The URL without query string or user info: signed URLs carry credentials there."""
@@ -708,7 +690,7 @@ def run_download_script(
     hidden = secret_values(child_env) + [s for s in secrets if s]
     argv = [python, str(script), *map(str, args)]
     for a in argv:
-        if redact(a, hidden) != a:
+        if redactor(child_env, hidden).text(a) != a:
             raise DataError("a secret value was given as a command-line argument of the download script; "
                             "pass it through the environment (env=) instead")
     if container is not None:
@@ -732,9 +714,9 @@ def run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log_path: str | os
     hidden = secret_values(child_env) + [s for s in secrets if s]
     what = what or shlex.join(cmd[:2])
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    secret_bytes = sorted({s.encode() for s in hidden}, key=len, reverse=True)
+    hide = redactor(child_env, hidden)
     with open(log_path, "ab") as out:
-        out.write(f"$ {redact(shlex.join(cmd), hidden)}\n".encode())
+        out.write(f"$ {redact(shlex.join(cmd), hidden, env=child_env)}\n".encode())
         out.flush()
         try:
             proc = subprocess.Popen(cmd, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -745,9 +727,7 @@ def run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log_path: str | os
         # Line by line so the log can be followed while it runs; a token never
         # spans a newline, so per-line replacement catches every occurrence.
         for line in proc.stdout:
-            for s in secret_bytes:
-                line = line.replace(s, REDACTED.encode())
-            out.write(line)
+            out.write(hide.line_bytes(line))
             out.flush()
         rc = proc.wait()
     if rc != 0:
