@@ -305,6 +305,9 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
             signal.signal(sig, stop)
         try:
             rc = proc.wait()
+            # What outlived run_and_time.sh (a rank in its own session) would hold the pipe open.
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
             reader.join()
         except _WallTime:
             proc.wait()
