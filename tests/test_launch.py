@@ -4,7 +4,11 @@ submitit with a tiny real implementation, failures, retries and the seed folder 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -188,8 +192,6 @@ def test_wall_time_is_enforced(tree, monkeypatch):
 
 
 def test_dataset_stage_from_a_hub_source_with_a_token_and_a_manifest(tree, monkeypatch):
-    import sys
-
     sys.path.insert(0, str(Path(__file__).parent))
     from fixtures.http_server import LocalHTTPServer
 
@@ -266,11 +268,7 @@ def test_ranks_in_their_own_session_die_with_the_run(tree, monkeypatch):
     assert proctree.find(seed_marker(tree, 1)) == []
 
 
-def _owner(tree: Path, seed: int, **env) -> "subprocess.Popen":
-    import os
-    import subprocess
-    import sys
-
+def _owner(tree: Path, seed: int, **env) -> subprocess.Popen:
     code = (f"from pathlib import Path; from mlrepro import config, stages; "
             f"s = config.load({{'benchmarks': ['tiny'], 'system': 'here'}}, Path({str(tree)!r})); "
             f"d = s.root / 'results/tiny/seed_{seed}'; "
@@ -299,9 +297,6 @@ def _rank_running(marker: str) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGKILL", "SIGINT"])
 def test_killed_or_interrupted_workflow_leaves_no_rank_and_the_rerun_one_run(tree, signum):
-    import os
-    import signal
-
     from mlrepro import proctree
 
     marker = seed_marker(tree, 1)
@@ -342,8 +337,6 @@ class _Payload:
         self.marker = marker
 
     def __reduce__(self):
-        import os
-
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -392,8 +385,6 @@ def test_verification_reads_an_unchanged_file_once(tree, monkeypatch):
 @pytest.fixture
 def small_fs(tree):
     """The seed's folder on a tmpfs of its own (to fill it up, or make it read-only)."""
-    import subprocess
-
     seed_dir = tree / "results" / "tiny" / "seed_1"
     seed_dir.mkdir(parents=True)
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(seed_dir)],
@@ -422,8 +413,6 @@ def test_full_results_folder_gives_a_failed_seed_with_reason_and_the_rerun_recov
 
 @pytest.mark.slow
 def test_read_only_results_folder_gives_a_failed_seed_with_reason_and_the_rerun_recovers(tree, small_fs):
-    import subprocess
-
     subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True, timeout=30)
     out, log = seed_paths(tree, 1)
     with pytest.raises(launch.SeedFailed, match="Read-only file system"):
