@@ -5,11 +5,17 @@ config_<SYS>.sh exports plus DATADIR, MODEL, LOGDIR and SEED. On a `local` syste
 through submitit's LocalExecutor (timeout = the config's wall-time); on a `slurm` system
 run.sub itself is the batch script, submitted once per seed with sbatch.
 
-Seed folder contract (results/<benchmark>/seed_<seed>/):
+Seed folder contract (results/<benchmark>/seed_<seed>/, private to the user):
   mllog.txt     the run's MLLOG lines; written last, atomically: its presence means "done"
-  run.log       the run's full output (the rule's log)
-  job.json      the launch of the current attempt (local pid or Slurm job id)
+  run.log       the output of the last attempt that ended (the rule's log), secrets redacted
+  attempt_<K>/  each attempt's own folder (LOGDIR): its run.log or Slurm logs, submitit's files
+  job.json      the launch of the current attempt (local owner and marker, or Slurm job id)
   failure.json  why the last attempt failed; removed when an attempt succeeds
+
+Before a seed starts, its dataset and checkpoint are checked against their manifests
+(`verify_inputs`), and whatever an earlier attempt left running is killed (mlrepro.proctree).
+Secrets are never part of what is handed to submitit or written: they reach the run by
+inheritance from the workflow's environment.
 """
 
 from __future__ import annotations
