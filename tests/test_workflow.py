@@ -73,12 +73,12 @@ def _training(results: Path) -> Path | None:
     return None
 
 
-def _stop_mid_seed(ws: Path, signum: int, timeout: float = 600) -> dict:
+def _stop_mid_seed(ws: Path, signum: int, target: str = TARGET, timeout: float = 600) -> dict:
     """Start the workflow and send `signum` to its whole process group while a seed trains;
     what was running of that seed before, and what is left of it after."""
     from mlrepro import proctree
 
-    proc = subprocess.Popen(snakemake_cmd(*PROFILE, TARGET), cwd=ws, env={**os.environ, **ENV},
+    proc = subprocess.Popen(snakemake_cmd(*PROFILE, target), cwd=ws, env={**os.environ, **ENV},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     results = ws / "results" / "mini_lora"
     try:
@@ -225,6 +225,6 @@ def test_ctrl_c_leaves_no_train_py(finished):
 
     ws = finished["ws"]
     shutil.rmtree(ws / "results" / "mini_lora" / "seed_2")
-    stopped = _stop_mid_seed(ws, signal.SIGINT)
+    stopped = _stop_mid_seed(ws, signal.SIGINT, "results/mini_lora/seed_2/mllog.txt")
     assert stopped["ranks"], "the seed's torchrun ranks were not found while it trained"
     assert stopped["left"] == [], f"processes left after Ctrl-C: {stopped['left']}"
