@@ -589,6 +589,13 @@ def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
 
 
 def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
+    try:
+        _run_seed_slurm(plan, system, run_log)
+    except OSError as exc:
+        _io_failure(plan, exc)
+
+
+def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     from mlrepro import slurm
 
     seed_dir = plan.seed_dir

@@ -164,7 +164,6 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     bench = settings.benchmark(benchmark)
     run = launch.run_seed_slurm if plan.scheduler == "slurm" else launch.run_seed_local
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
-    plan.seed_dir.mkdir(parents=True, exist_ok=True)
     launch.verify_inputs(plan, settings.root)
     for attempt in range(bench.retries + 1):
         try:
