@@ -4,7 +4,11 @@ submitit with a tiny real implementation, failures, retries and the seed folder 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -28,6 +32,13 @@ RUN_AND_TIME = textwrap.dedent("""\
     mllog 1000 POINT_IN_TIME seed $SEED '{}'
     mllog 2000 INTERVAL_START run_start null '{}'
     if (( n <= ${FAIL_ATTEMPTS:-0} )); then echo "boom on attempt $n" >&2; exit 3; fi
+    # A rank in a session of its own, as torch's elastic launcher starts them.
+    if [[ -n "${RANK_IN_NEW_SESSION:-}" ]]; then setsid bash -c 'exec -a fake-rank sleep 300' & fi
+    # The results folder fills up while the run writes its log.
+    if [[ -n "${FILL:-}" ]]; then
+        cat /dev/zero > "$LOGDIR/../filler" 2>/dev/null || true
+        for i in $(seq 1 2000); do echo "line $i of a log that no longer fits"; done
+    fi
     if [[ -n "${SLEEP:-}" ]]; then sleep "$SLEEP"; fi
     [[ -n "${NO_STOP:-}" ]] && exit 0
     mllog 62000 POINT_IN_TIME eval_accuracy 0.5 '{"samples_count": 64}'
@@ -181,8 +192,6 @@ def test_wall_time_is_enforced(tree, monkeypatch):
 
 
 def test_dataset_stage_from_a_hub_source_with_a_token_and_a_manifest(tree, monkeypatch):
-    import sys
-
     sys.path.insert(0, str(Path(__file__).parent))
     from fixtures.http_server import LocalHTTPServer
 
@@ -213,3 +222,201 @@ def test_dataset_stage_from_a_hub_source_with_a_token_and_a_manifest(tree, monke
     assert (out.parent / "train.npy").read_bytes() == files["train.npy"]
     for path in [*tree.rglob("*.json"), *tree.rglob("*.log")]:
         assert token not in path.read_text(errors="replace"), f"token leaked into {path}"
+
+
+# ---------------------------------------------------------------- secrets, processes, inputs, full disks
+
+SECRETS = {"HF_TOKEN": "hf_launch_secret_0123456789", "WANDB_API_KEY": "wandb-key-with space",
+           "DB_PASSWORD": "pa'ss\"word", "GH_PAT": "p4"}
+
+
+def all_bytes(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_secrets_reach_the_run_by_name_and_are_never_written(tree, monkeypatch):
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    (tree / "implementations" / "tiny" / "run_and_time.sh").write_text(
+        RUN_AND_TIME + 'echo "run sees token ${HF_TOKEN} and ${DB_PASSWORD}"\n')
+    out, log = seed_paths(tree, 1)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    # The run had the secret (redacted in its log), and no file holds any secret in any form.
+    assert "run sees token *** and ***" in log.read_text()
+    pickles = list(out.parent.glob("attempt_1/.submitit/*_submitted.pkl"))
+    assert pickles, "submitit's pickle is where the secrets used to leak"
+    for path, data in all_bytes(tree / "results").items():
+        for value in SECRETS.values():
+            if len(value) >= 4:
+                assert value.encode() not in data, f"{value!r} written to {path}"
+
+
+def seed_marker(tree: Path, seed: int) -> str:
+    from mlrepro import proctree
+
+    return proctree.seed_marker(tree / "results" / "tiny" / f"seed_{seed}")
+
+
+def test_ranks_in_their_own_session_die_with_the_run(tree, monkeypatch):
+    from mlrepro import proctree
+
+    monkeypatch.setenv("RANK_IN_NEW_SESSION", "1")
+    out, log = seed_paths(tree, 1)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert out.exists()
+    assert proctree.find(seed_marker(tree, 1)) == []
+
+
+def _owner(tree: Path, seed: int, **env) -> subprocess.Popen:
+    code = (f"from pathlib import Path; from mlrepro import config, stages; "
+            f"s = config.load({{'benchmarks': ['tiny'], 'system': 'here'}}, Path({str(tree)!r})); "
+            f"d = s.root / 'results/tiny/seed_{seed}'; "
+            f"stages.train_seed(s, 'tiny', {seed}, d / 'mllog.txt', d / 'run.log')")
+    return subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _rank_running(marker: str) -> bool:
+    from mlrepro import proctree
+
+    return any("fake-rank" in p.command for p in proctree.find(marker))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", ["SIGKILL", "SIGINT"])
+def test_killed_or_interrupted_workflow_leaves_no_rank_and_the_rerun_one_run(tree, signum):
+    from mlrepro import proctree
+
+    marker = seed_marker(tree, 1)
+    owner = _owner(tree, 1, RANK_IN_NEW_SESSION="1", SLEEP="300")
+    try:
+        assert _wait_for(lambda: _rank_running(marker), 60), owner.stderr.read1().decode() if owner.poll() else ""
+        os.killpg(owner.pid, getattr(signal, signum))
+        owner.wait(timeout=30)
+        # SIGINT: the seed stops its processes itself; SIGKILL: its watchdog does.
+        assert _wait_for(lambda: proctree.find(marker) == [], 10), proctree.find(marker)
+    finally:
+        if owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGKILL)
+    out, log = seed_paths(tree, 1)
+    assert not out.exists()
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    second = (out.parent / "attempt_2" / "run.log").read_text()
+    assert second.count("run_start") == 1 and second.count("run_stop") == 1
+    assert log.read_text() == second and out.read_text().count("run_start") == 1
+    assert (out.parent / "attempt_1" / "run.log").exists()
+
+
+def _changed_manifest_tree(tree: Path) -> tuple[Path, Path]:
+    import numpy as np
+
+    from mlrepro import data
+
+    folder = tree / "resources" / "tiny" / "data"
+    folder.mkdir(parents=True)
+    np.save(folder / "train.npy", np.arange(100))
+    np.save(folder / "validation.npy", np.arange(10))
+    data.write_manifest(folder, folder / "manifest.json")
+    return folder, folder / "validation.npy"
+
+
+class _Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("change", ["same_size_array", "other_size_array", "pickle_payload", "missing"])
+def test_a_changed_input_fails_the_seed_naming_the_file(tree, change):
+    import numpy as np
+
+    folder, target = _changed_manifest_tree(tree)
+    ran = tree / "payload-ran"
+    if change == "same_size_array":
+        np.save(target, np.arange(10)[::-1].copy())
+    elif change == "other_size_array":
+        np.save(target, np.arange(11))
+    elif change == "pickle_payload":
+        array = np.empty(1, dtype=object)
+        array[0] = _Payload(ran)
+        np.save(target, array, allow_pickle=True)
+    else:
+        target.unlink()
+    out, log = seed_paths(tree, 1)
+    with pytest.raises(launch.SeedFailed, match="validation.npy") as failed:
+        stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert not failed.value.retry
+    failure = json.loads((out.parent / "failure.json").read_text())
+    assert failure["state"] == "INPUT_CHANGED" and "validation.npy" in failure["reason"]
+    assert "train.npy" not in failure["reason"]
+    assert not list(out.parent.glob("attempt_*")), "no run may start on changed data"
+    assert not ran.exists()
+
+
+def test_verification_reads_an_unchanged_file_once(tree, monkeypatch):
+    from mlrepro import data
+
+    folder, _ = _changed_manifest_tree(tree)
+    assert data.verify_manifest(folder / "manifest.json") == []
+    reads = []
+    monkeypatch.setattr(data, "xxh3_file", lambda p: reads.append(p) or "0")
+    assert data.verify_manifest(folder / "manifest.json") == []
+    assert reads == []
+    (folder / "train.npy").write_bytes((folder / "train.npy").read_bytes())  # rewritten in place: read again
+    assert data.verify_manifest(folder / "manifest.json") == [f"{folder / 'train.npy'}: content (xxh3_128) differs "
+                                                              "from the manifest: it changed"]
+    assert reads == [folder / "train.npy"]
+
+
+@pytest.fixture
+def small_fs(tree):
+    """The seed's folder on a tmpfs of its own (to fill it up, or make it read-only)."""
+    seed_dir = tree / "results" / "tiny" / "seed_1"
+    seed_dir.mkdir(parents=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(seed_dir)],
+                          capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        # chmod does not stop root, and a full disk cannot be made without a filesystem of its own.
+        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {proc.stderr.strip()}")
+    yield seed_dir
+    subprocess.run(["umount", "-l", str(seed_dir)], capture_output=True, timeout=30)
+
+
+@pytest.mark.slow
+def test_full_results_folder_gives_a_failed_seed_with_reason_and_the_rerun_recovers(tree, small_fs, monkeypatch):
+    monkeypatch.setenv("FILL", "1")
+    out, log = seed_paths(tree, 1)
+    with pytest.raises(launch.SeedFailed, match="No space left on device") as failed:
+        stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert not failed.value.retry
+    failure = json.loads((small_fs / "failure.json").read_text())
+    assert failure["state"] == "IO_ERROR" and "No space left on device" in failure["reason"]
+    (small_fs / "filler").unlink()
+    monkeypatch.delenv("FILL")
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert out.exists() and not (small_fs / "failure.json").exists()
+
+
+@pytest.mark.slow
+def test_read_only_results_folder_gives_a_failed_seed_with_reason_and_the_rerun_recovers(tree, small_fs):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True, timeout=30)
+    out, log = seed_paths(tree, 1)
+    with pytest.raises(launch.SeedFailed, match="Read-only file system"):
+        stages.train_seed(settings(tree), "tiny", 1, out, log)
+    subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True, timeout=30)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert out.exists()

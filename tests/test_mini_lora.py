@@ -81,21 +81,46 @@ def test_dataset_is_deterministic_and_follows_the_govreport_contract(tmp_path):
         assert a != (tmp_path / "c" / f"{split}.npy").read_bytes(), "another --seed must draw other documents"
     assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")], "temporary files left behind"
 
-    train = np.load(tmp_path / "a" / "train.npy", allow_pickle=True)
-    val = np.load(tmp_path / "a" / "validation.npy", allow_pickle=True)
-    assert train.dtype == object and val.dtype == object and len(train) > len(val) > 0
+    # Plain arrays: loadable without unpickling anything.
+    train = np.load(tmp_path / "a" / "train.npy", allow_pickle=False)
+    val = np.load(tmp_path / "a" / "validation.npy", allow_pickle=False)
+    assert not train.dtype.hasobject and not val.dtype.hasobject and len(train) > len(val) > 0
     train_docs = {tuple(r["input_ids"].tolist()) for r in train}
     assert not any(tuple(r["input_ids"].tolist()) in train_docs for r in val), "validation overlaps train"
     for record in list(train[:50]) + list(val[:50]):
-        assert set(record) == {"input_ids", "loss_mask", "seq_start_id"}
-        ids, mask = record["input_ids"], record["loss_mask"]
-        assert isinstance(ids, np.ndarray) and ids.dtype == np.int64
-        assert isinstance(mask, list) and set(mask) <= {0, 1} and len(mask) == len(ids)
-        assert record["seq_start_id"] == [0]
+        assert set(record.dtype.names) == {"input_ids", "loss_mask", "seq_start_id"}
+        ids, mask = record["input_ids"], record["loss_mask"].tolist()
+        assert ids.dtype == np.int64
+        assert set(mask) <= {0, 1} and len(mask) == len(ids)
+        assert record["seq_start_id"].tolist() == [0]
         scored = [i for i, m in enumerate(mask) if m]
         # The summary is one contiguous span after the prompt, ending in EOS (2).
         assert scored == list(range(scored[0], scored[-1] + 1)) and scored[0] > 10
         assert ids[scored[-1]] == 2
+
+
+class _Payload:
+    """Unpickling this runs code: it creates the file named in the test."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_trainer_refuses_a_pickled_data_file_without_running_it(dataset, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.npy").write_bytes((dataset / "train.npy").read_bytes())
+    marker = tmp_path / "payload-ran"
+    array = np.empty(1, dtype=object)
+    array[0] = _Payload(marker)
+    np.save(data / "validation.npy", array, allow_pickle=True)
+    res = run_and_time({"DATADIR": str(data), "MODEL": str(tmp_path), "SEED": "1"}, timeout=120)
+    assert res.returncode != 0
+    assert "validation.npy is not a plain array file" in res.stderr and "refusing to unpickle" in res.stderr
+    assert not marker.exists(), "the pickle payload ran"
 
 
 def test_dataset_rejects_bad_arguments(tmp_path):

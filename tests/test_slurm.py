@@ -120,20 +120,7 @@ def test_parse_duration():
     assert slurm.parse_duration("INVALID") is None
 
 
-# ---------------------------------------------------------------- unit: redaction and command line
-
-
-def test_redaction_hides_secret_values_everywhere():
-    env = {"HF_TOKEN": "hf_abcdef123456", "WANDB_API_KEY": "k3y-value", "SEED": "7", "DB_PASSWORD": "pw1234"}
-    assert slurm.redact_env(env) == {"HF_TOKEN": "***", "WANDB_API_KEY": "***", "SEED": "7", "DB_PASSWORD": "***"}
-    text = "error: HF_TOKEN=hf_abcdef123456 and again hf_abcdef123456, SEED=7"
-    redacted = slurm.redact_text(text, env)
-    assert "hf_abcdef123456" not in redacted and "SEED=7" in redacted
-    command = slurm.redact_command(["sbatch", "--export=ALL,HF_TOKEN=hf_abcdef123456", "run.sub"], env)
-    assert command == ["sbatch", "--export=ALL,HF_TOKEN=***", "run.sub"]
-    # a NAME=value pair with a secret-looking name is hidden even when the value is unknown
-    assert slurm.redact_text("MY_SECRET=zzz OTHER=1", {}) == "MY_SECRET=*** OTHER=1"
-    assert not slurm.is_secret_name("SEED") and not slurm.is_secret_name("DGXNNODES")
+# ---------------------------------------------------------------- unit: command line (redaction: test_secrets.py)
 
 
 def test_sbatch_command_carries_each_option_once():

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -49,39 +51,110 @@ def test_dry_run_plans_one_job_per_seed(tmp_path):
     assert not (ws / "results").exists()
 
 
+# Secrets of every shape are exported for the whole run: none may end up in any file.
+SECRETS = {
+    "HF_TOKEN": "hf_wf_Secret_0a1b2c3d4e5f",
+    "WANDB_API_KEY": "wandb 0123 with spaces",
+    "DB_PASSWORD": "it's a \"quoted\" pass",
+    "NPM_AUTH": "npm-auth-$(id)-`x`",
+    "GH_PAT": "ghp_shortish",
+}
+# The trainer logs SUBMISSION_ORG in its MLLOG stream: set to a secret, it must come out
+# redacted in run.log and mllog.txt, which must stay valid MLLOG.
+ENV = {**SECRETS, "SUBMISSION_ORG": SECRETS["HF_TOKEN"]}
+
+
+def _training(results: Path) -> Path | None:
+    """A seed folder whose current attempt is training (run_start in its log) and not done."""
+    for log in results.glob("seed_*/attempt_*/run.log"):
+        seed_dir = log.parent.parent
+        if '"run_start"' in log.read_text(errors="replace") and not (seed_dir / "mllog.txt").exists():
+            return seed_dir
+    return None
+
+
+def _stop_mid_seed(ws: Path, signum: int, target: str = TARGET, timeout: float = 600) -> dict:
+    """Start the workflow and send `signum` to its whole process group while a seed trains;
+    what was running of that seed before, and what is left of it after."""
+    from mlrepro import proctree
+
+    proc = subprocess.Popen(snakemake_cmd(*PROFILE, target), cwd=ws, env={**os.environ, **ENV},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    results = ws / "results" / "mini_lora"
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None and (mid := _training(results)) is None:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+        marker = proctree.seed_marker(mid)
+        ranks = [p for p in proctree.find(marker) if "train.py" in p.command]
+        os.killpg(proc.pid, signum)
+        proc.wait(timeout=120)
+        # SIGINT: the seed stops its processes itself; SIGKILL: its watchdog does, within a second.
+        deadline = time.monotonic() + 15
+        while (left := proctree.find(marker)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return {"seed_dir": mid, "ranks": ranks, "left": left}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A workspace whose first invocation was killed mid-seed, then run to the end."""
     ws = make_workspace(tmp_path_factory.mktemp("mini") / "ws")
-    proc = subprocess.Popen(
-        snakemake_cmd(*PROFILE, TARGET), cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )
     results = ws / "results" / "mini_lora"
-
-    def seed_mid_run():
-        # training has started (MLLOG lines in its log) and the seed is not done
-        for log in results.glob("seed_*/run.log"):
-            if ":::MLLOG" in log.read_text(errors="replace") and not (log.parent / "mllog.txt").exists():
-                return log.parent
-        return None
-
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None and (mid := seed_mid_run()) is None:
-        time.sleep(0.5)
-    assert proc.poll() is None, proc.stdout.read()
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    killed = _stop_mid_seed(ws, signal.SIGKILL)
+    mid = killed["seed_dir"]
     time.sleep(1)  # anything the kill left running would write now
     done = sorted(int(p.parent.name.split("_")[1]) for p in results.glob("seed_*/mllog.txt"))
-    killed = {"seed_dir": mid, "had_mllog": (mid / "mllog.txt").exists(), "done": done}
+    killed.update({"had_mllog": (mid / "mllog.txt").exists(), "done": done})
     # The dataset and checkpoint finished before any seed started; they must be trusted.
     killed["plan_after_kill"] = planned_jobs(run_snakemake(ws, *PROFILE, TARGET, "-n").stdout)
     # A killed snakemake leaves its lock; --unlock is what its error message tells the user.
     run_snakemake(ws, *PROFILE, "--unlock")
     started = time.monotonic()
-    run = run_snakemake(ws, *PROFILE, TARGET, "results/mini_lora/report.html", "results/report.html")
+    run = run_snakemake(ws, *PROFILE, TARGET, "results/mini_lora/report.html", "results/report.html", env=ENV)
     return {"ws": ws, "killed": killed, "run": run, "seconds": time.monotonic() - started}
+
+
+def test_killed_seed_leaves_no_rank_and_its_rerun_logs_one_run(finished):
+    killed = finished["killed"]
+    assert killed["ranks"], "the seed's torchrun ranks were not found while it trained"
+    assert killed["left"] == [], f"processes of the killed seed survived: {killed['left']}"
+    seed_dir = killed["seed_dir"]
+    assert sorted(p.name for p in seed_dir.glob("attempt_*")) == ["attempt_1", "attempt_2"]
+    last = (seed_dir / "attempt_2" / "run.log").read_text()
+    assert last.count('"run_start"') == 1 and last.count('"run_stop"') == 1
+    assert (seed_dir / "run.log").read_text() == last
+    mllog = (seed_dir / "mllog.txt").read_text()
+    assert mllog.count('"run_start"') == 1 and mllog.count('"run_stop"') == 1
+
+
+def test_no_file_holds_a_secret_and_every_file_is_private(finished):
+    ws = finished["ws"]
+    forms = {f for v in SECRETS.values() for f in (v, shlex.quote(v), json.dumps(v)[1:-1])}
+    checked = 0
+    for top in ("results", "resources", "logs", ".snakemake"):
+        root = ws / top
+        assert stat.S_IMODE(root.stat().st_mode) & 0o077 == 0, f"{root} is open to others"
+        for path in root.rglob("*"):
+            if path.is_symlink() or not path.is_file():
+                continue
+            data = path.read_bytes()
+            checked += 1
+            for form in forms:
+                assert form.encode() not in data, f"a secret ({form[:6]}...) is in {path}"
+            # snakemake makes .snakemake/log before it reads the Snakefile: shut in by the folder's mode
+            if top != ".snakemake":
+                mode = stat.S_IMODE(path.stat().st_mode)
+                assert mode & 0o077 == 0, f"{path} has mode {oct(mode)}"
+    assert checked > 50
+    assert list((ws / "results/mini_lora").glob("seed_*/attempt_*/.submitit/*_submitted.pkl"))
+    mllog = (ws / "results/mini_lora/seed_1/mllog.txt").read_text()
+    assert '"key": "submission_org", "value": "***"' in mllog
 
 
 def test_kill_mid_seed_leaves_no_trusted_target(finished):
@@ -145,3 +218,14 @@ def test_snakemake_report_includes_score_and_plots(finished, tmp_path):
     names = [Path(n).name for n in zipfile.ZipFile(tmp_path / "report.zip").namelist()]
     for item in ("score.json", "report.html", "convergence.svg", "time_to_train.svg"):
         assert item in names, f"{item} missing from snakemake --report"
+
+
+# Last: it leaves a seed unfinished.
+def test_ctrl_c_leaves_no_train_py(finished):
+    import shutil
+
+    ws = finished["ws"]
+    shutil.rmtree(ws / "results" / "mini_lora" / "seed_2")
+    stopped = _stop_mid_seed(ws, signal.SIGINT, "results/mini_lora/seed_2/mllog.txt")
+    assert stopped["ranks"], "the seed's torchrun ranks were not found while it trained"
+    assert stopped["left"] == [], f"processes left after Ctrl-C: {stopped['left']}"

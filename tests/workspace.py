@@ -27,8 +27,9 @@ def snakemake_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "snakemake", *args]
 
 
-def run_snakemake(workdir: Path, *args: str, timeout: float = 1800, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_snakemake(workdir: Path, *args: str, timeout: float = 1800, check: bool = True,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         snakemake_cmd(*args), cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -98,6 +98,27 @@ class Settings:
             raise UsageError(f"SEED={self.seed} must be >= 0")
 
 
+def load_split(data_dir: str, name: str):
+    """(input_ids int64, loss_mask float32) of DATADIR/<name>.npy, each (samples, length).
+
+    Loaded with allow_pickle=False: the file is plain arrays, and one that holds pickled
+    objects is refused before any of it is unpickled (a pickle can run code).
+    """
+    import numpy as np
+
+    path = os.path.join(data_dir, f"{name}.npy")
+    if not os.path.isfile(path):
+        raise UsageError(f"DATADIR={data_dir} has no {name}.npy (run scripts/download_dataset.py)")
+    try:
+        records = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise UsageError(f"{path} is not a plain array file ({exc}); refusing to unpickle it") from None
+    fields = records.dtype.names or ()
+    if "input_ids" not in fields or "loss_mask" not in fields or records.ndim != 1 or records["input_ids"].ndim != 2:
+        raise UsageError(f"{path}: expected records with input_ids and loss_mask, found dtype {records.dtype}")
+    return records["input_ids"].astype(np.int64), records["loss_mask"].astype(np.float32)
+
+
 def main() -> int:
     try:
         settings = Settings()
@@ -106,7 +127,6 @@ def main() -> int:
         return 2
 
     # Heavy imports only after the settings are known to be usable.
-    import numpy as np
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -146,21 +166,8 @@ def main() -> int:
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     distributed = dist.is_initialized()
 
-    def load_split(name: str):
-        path = os.path.join(settings.data_dir, f"{name}.npy")
-        if not os.path.isfile(path):
-            raise UsageError(f"DATADIR={settings.data_dir} has no {name}.npy (run scripts/download_dataset.py)")
-        records = np.load(path, allow_pickle=True)
-        length = max(len(r["input_ids"]) for r in records)
-        ids = np.zeros((len(records), length), dtype=np.int64)
-        mask = np.zeros((len(records), length), dtype=np.float32)
-        for i, r in enumerate(records):
-            ids[i, : len(r["input_ids"])] = r["input_ids"]
-            mask[i, : len(r["loss_mask"])] = r["loss_mask"]
-        return torch.from_numpy(ids), torch.from_numpy(mask)
-
-    train_ids, train_mask = load_split("train")
-    val_ids, val_mask = load_split("validation")
+    train_ids, train_mask = map(torch.from_numpy, load_split(settings.data_dir, "train"))
+    val_ids, val_mask = map(torch.from_numpy, load_split(settings.data_dir, "validation"))
 
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM

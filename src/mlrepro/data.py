@@ -23,9 +23,11 @@ writes, has the token value replaced by `***`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import email.utils
 import http.client
+import json
 import logging
 import os
 import re
@@ -42,12 +44,12 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from mlrepro.fsutil import atomic_write_json, file_manifest, sha256_file
+from mlrepro.fsutil import atomic_write_json, file_manifest, sha256_file, xxh3_file
+from mlrepro.secrets import redact, redactor, secret_values
 
 log = logging.getLogger(__name__)
 
 GIB = 1024**3
-REDACTED = "***"
 
 
 class DataError(RuntimeError):
@@ -63,26 +65,8 @@ class DownloadError(DataError):
 
 
 # ---------------------------------------------------------------------------
-# secrets
+# secrets (one definition, in mlrepro.secrets)
 # ---------------------------------------------------------------------------
-
-# Environment variables whose values are treated as secrets in logs.
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY)", re.IGNORECASE)
-# Shorter values would redact ordinary words and digits all over a log.
-_MIN_SECRET_LEN = 6
-
-
-def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """`text` with every secret value replaced by `***`."""
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def secret_values(env: Mapping[str, str]) -> list[str]:
-    """Values of the variables in `env` whose names mark them as secrets."""
-    return [v for k, v in env.items() if _SECRET_NAME.search(k) and v and len(v) >= _MIN_SECRET_LEN]
-
 
 def _safe_url(url: str) -> str:
     """The URL without query string or user info: signed URLs carry credentials there."""
@@ -600,21 +584,18 @@ _MANIFEST_SKIP_PREFIX = ".cache/huggingface/"
 
 def write_manifest(root: str | os.PathLike, out_json: str | os.PathLike,
                    extra: Mapping | None = None, *, hash: bool = True) -> dict:
-    """Write {root, files: [{path, size, sha256?}], num_files, num_bytes, ...extra} atomically.
+    """Write {root, files: [{path, size, xxh3_128, sha256?}], num_files, num_bytes, ...extra} atomically.
 
-    With `hash=False` (trees of terabytes) sizes are recorded without sha256.
+    Every file gets its size and XXH3-128 (read at disk speed, checked before every seed by
+    `verify_manifest`); with `hash=False` (trees of terabytes) sha256 is left out.
     """
     root = Path(root)
     out_json = Path(out_json)
     if not root.is_dir():
         raise DataError(f"cannot write a manifest of {root}: it is not a folder")
-    exclude = ("manifest.json", out_json.name)
-    if hash:
-        rows = file_manifest(root, exclude=exclude)
-    else:
-        rows = [{"path": p.relative_to(root).as_posix(), "size": p.stat().st_size}
-                for p in sorted(root.rglob("*")) if p.is_file() and p.name not in exclude]
-    rows = [r for r in rows if not r["path"].startswith(_MANIFEST_SKIP_PREFIX)]
+    exclude = ("manifest.json", out_json.name, VERIFIED_STAMP)
+    rows = [r for r in file_manifest(root, exclude=exclude, sha256=hash)
+            if not r["path"].startswith(_MANIFEST_SKIP_PREFIX)]
     manifest = {
         "root": str(root.resolve()),
         "hashed": hash,
@@ -628,6 +609,69 @@ def write_manifest(root: str | os.PathLike, out_json: str | os.PathLike,
         manifest[k] = v
     atomic_write_json(out_json, manifest)
     return manifest
+
+
+# What verify_manifest last found right: {path: [size, mtime_ns, ctime_ns, inode]} per manifest.
+VERIFIED_STAMP = ".verified.json"
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def verify_manifest(manifest_json: str | os.PathLike) -> list[str]:
+    """Check the files of a stage folder against its manifest.json; the problems, each naming its file.
+
+    Sizes are checked always, content by the manifest's XXH3-128 (sha256 for manifests
+    written before it had one). A file whose size, mtime, ctime and inode are those it had
+    when last found right is not read again: replacing or writing a file changes its ctime,
+    which no user-space call can set back, so 140 GB are hashed once, not before every seed.
+    Files are looked for beside the manifest (its `root` may name the temporary folder the
+    stage wrote into).
+    """
+    from mlrepro.fsutil import atomic_write_json as write
+
+    manifest_json = Path(manifest_json)
+    folder = manifest_json.parent
+    try:
+        manifest = json.loads(manifest_json.read_text())
+    except (OSError, ValueError) as exc:
+        return [f"{manifest_json}: cannot be read ({exc})"]
+    stamp_path = folder / VERIFIED_STAMP
+    stamp = {}
+    with contextlib.suppress(OSError, ValueError):
+        recorded = json.loads(stamp_path.read_text())
+        if recorded.get("manifest") == _stat_key(manifest_json.stat()):
+            stamp = recorded.get("files", {})
+    problems, verified = [], {}
+    for row in manifest.get("files", []):
+        path = folder / row["path"]
+        try:
+            st = path.stat()
+        except OSError:
+            problems.append(f"{path}: missing (the manifest lists {row['size']:,} bytes)")
+            continue
+        if st.st_size != row["size"]:
+            problems.append(f"{path}: {st.st_size:,} bytes, the manifest says {row['size']:,}: it changed")
+            continue
+        key = _stat_key(st)
+        if stamp.get(row["path"]) == key:
+            verified[row["path"]] = key
+            continue
+        if "xxh3_128" in row:
+            kind, expected, actual = "content (xxh3_128)", row["xxh3_128"], xxh3_file(path)
+        elif "sha256" in row:
+            kind, expected, actual = "content (sha256)", row["sha256"], sha256_file(path)
+        else:
+            verified[row["path"]] = key  # an old manifest of sizes only
+            continue
+        if actual != expected:
+            problems.append(f"{path}: {kind} differs from the manifest: it changed")
+        else:
+            verified[row["path"]] = key
+    with contextlib.suppress(OSError):
+        write(stamp_path, {"manifest": _stat_key(manifest_json.stat()), "files": verified})
+    return problems
 
 
 # ---------------------------------------------------------------------------
@@ -708,7 +752,7 @@ def run_download_script(
     hidden = secret_values(child_env) + [s for s in secrets if s]
     argv = [python, str(script), *map(str, args)]
     for a in argv:
-        if redact(a, hidden) != a:
+        if redactor(child_env, hidden).text(a) != a:
             raise DataError("a secret value was given as a command-line argument of the download script; "
                             "pass it through the environment (env=) instead")
     if container is not None:
@@ -732,9 +776,9 @@ def run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log_path: str | os
     hidden = secret_values(child_env) + [s for s in secrets if s]
     what = what or shlex.join(cmd[:2])
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    secret_bytes = sorted({s.encode() for s in hidden}, key=len, reverse=True)
+    hide = redactor(child_env, hidden)
     with open(log_path, "ab") as out:
-        out.write(f"$ {redact(shlex.join(cmd), hidden)}\n".encode())
+        out.write(f"$ {redact(shlex.join(cmd), hidden, env=child_env)}\n".encode())
         out.flush()
         try:
             proc = subprocess.Popen(cmd, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -745,9 +789,7 @@ def run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log_path: str | os
         # Line by line so the log can be followed while it runs; a token never
         # spans a newline, so per-line replacement catches every occurrence.
         for line in proc.stdout:
-            for s in secret_bytes:
-                line = line.replace(s, REDACTED.encode())
-            out.write(line)
+            out.write(hide.line_bytes(line))
             out.flush()
         rc = proc.wait()
     if rc != 0:

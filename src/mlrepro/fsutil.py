@@ -92,11 +92,36 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def file_manifest(root: str | os.PathLike, exclude: tuple[str, ...] = ("manifest.json",)) -> list[dict]:
-    """Files under `root` (relative path, size, sha256), sorted by path."""
+def xxh3_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """XXH3-128 of the file: a content hash at disk speed (about 9 GB/s here, sha256 1.2 GB/s),
+    fit for noticing changed files, not for defeating a forger."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_manifest(root: str | os.PathLike, exclude: tuple[str, ...] = ("manifest.json",), *,
+                  sha256: bool = True) -> list[dict]:
+    """Files under `root` (relative path, size, xxh3_128, and sha256 unless told not to), sorted by path."""
     root = Path(root)
     rows = []
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name not in exclude:
-            rows.append({"path": p.relative_to(root).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)})
+            row = {"path": p.relative_to(root).as_posix(), "size": p.stat().st_size, "xxh3_128": xxh3_file(p)}
+            if sha256:
+                row["sha256"] = sha256_file(p)
+            rows.append(row)
     return rows
+
+
+PRIVATE_UMASK = 0o077
+
+
+def private_umask() -> None:
+    """Files and folders the workflow creates from now on are the user's alone: job records,
+    logs and submitit's pickles hold run parameters."""
+    os.umask(PRIVATE_UMASK)

@@ -5,11 +5,17 @@ config_<SYS>.sh exports plus DATADIR, MODEL, LOGDIR and SEED. On a `local` syste
 through submitit's LocalExecutor (timeout = the config's wall-time); on a `slurm` system
 run.sub itself is the batch script, submitted once per seed with sbatch.
 
-Seed folder contract (results/<benchmark>/seed_<seed>/):
+Seed folder contract (results/<benchmark>/seed_<seed>/, private to the user):
   mllog.txt     the run's MLLOG lines; written last, atomically: its presence means "done"
-  run.log       the run's full output (the rule's log)
-  job.json      the launch of the current attempt (local pid or Slurm job id)
+  run.log       the output of the last attempt that ended (the rule's log), secrets redacted
+  attempt_<K>/  each attempt's own folder (LOGDIR): its run.log or Slurm logs, submitit's files
+  job.json      the launch of the current attempt (local owner and marker, or Slurm job id)
   failure.json  why the last attempt failed; removed when an attempt succeeds
+
+Before a seed starts, its dataset and checkpoint are checked against their manifests
+(`verify_inputs`), and whatever an earlier attempt left running is killed (mlrepro.proctree).
+Secrets are never part of what is handed to submitit or written: they reach the run by
+inheritance from the workflow's environment.
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlrepro import implementation, mllog
+from mlrepro import implementation, mllog, secrets
 from mlrepro.config import Benchmark, ConfigError, Settings, System
-from mlrepro.fsutil import atomic_write_json, atomic_write_text
+from mlrepro.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 log = logging.getLogger("mlrepro.launch")
 
@@ -205,8 +212,45 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def record_failure(seed_dir: Path, reason: str, **details) -> None:
-    atomic_write_json(seed_dir / "failure.json", {"reason": reason, "time": _now(), **details})
+# Room kept for failure.json (a file of this size), so that a full disk can still say why a seed failed.
+RESERVE_NAME = ".failure.reserve"
+RESERVE_BYTES = 16384
+
+
+def record_failure(seed_dir: Path, reason: str, **details) -> bool:
+    """Write failure.json; False (and the reason logged) when the folder cannot take it."""
+    record = {"reason": reason, "time": _now(), **details}
+    for room in (None, seed_dir / RESERVE_NAME):
+        if room is not None:
+            # A full disk: the room kept at the attempt's start is freed for this file.
+            try:
+                room.unlink()
+            except OSError:
+                break
+        try:
+            atomic_write_json(seed_dir / "failure.json", record)
+            return True
+        except OSError as exc:
+            error = exc
+    log.error("%s: cannot write failure.json (%s); the seed failed: %s", seed_dir, error.strerror, reason)
+    return False
+
+
+def verify_inputs(plan: SeedPlan, root: Path) -> None:
+    """Fail the seed, naming the file, when its dataset or checkpoint changed after its manifest was written."""
+    from mlrepro import data
+
+    problems = []
+    for stage in STAGE_FOLDERS:
+        manifest = stage_folder(root, plan.benchmark, stage) / "manifest.json"
+        if manifest.is_file():
+            problems += data.verify_manifest(manifest)
+    if problems:
+        record_failure(plan.seed_dir, "input files changed since their manifest: " + "; ".join(problems[:5]),
+                       state="INPUT_CHANGED", problems=problems)
+        raise SeedFailed(f"seed {plan.seed}: the data it would use changed since it was verified:\n  "
+                         + "\n  ".join(problems[:20]) + "\n(run the data stage again: delete the folder)",
+                         retry=False)
 
 
 def finish_seed(plan: SeedPlan, run_log: Path, mllog_out: Path, not_converged: str) -> None:
@@ -222,8 +266,9 @@ def finish_seed(plan: SeedPlan, run_log: Path, mllog_out: Path, not_converged: s
         record_failure(plan.seed_dir, f"run_stop status {status!r}", state="ABORTED")
         raise SeedFailed(f"seed {plan.seed}: run_stop status {status!r} (benchmark reruns non-converged seeds)")
     atomic_write_text(mllog_out, parsed.to_text())
-    with contextlib.suppress(FileNotFoundError):
-        (plan.seed_dir / "failure.json").unlink()
+    for name in ("failure.json", RESERVE_NAME):
+        with contextlib.suppress(FileNotFoundError):
+            (plan.seed_dir / name).unlink()
 
 
 # ---------------------------------------------------------------- local (submitit)
@@ -231,6 +276,8 @@ def finish_seed(plan: SeedPlan, run_log: Path, mllog_out: Path, not_converged: s
 
 # What run_and_time returns when the wall-time ran out (as timeout(1) does).
 WALLTIME_EXIT = 124
+# What it returns when the run's log could not be written (disk full, read-only): the run is stopped.
+LOG_WRITE_EXIT = 125
 
 
 class _WallTime(Exception):
@@ -240,24 +287,51 @@ class _WallTime(Exception):
 def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: str) -> int:
     """Run run_and_time.sh to completion; executed by submitit in its own process.
 
-    The run gets its own process group so that a cancel (SIGINT/SIGTERM from submitit or
-    Snakemake) takes torchrun and every rank with it, not just the shell. submitit signals
-    SIGUSR2 shortly before the wall-time: the run is stopped and WALLTIME_EXIT returned.
+    `env` holds the run's settings only; secrets reach the run through this process's own
+    environment (inherited from the workflow), because `env` is pickled to disk by submitit.
+    The output goes to `log_path` with secrets redacted as it is written. Every process of
+    the run carries the seed's marker (see mlrepro.proctree): a cancel (SIGINT/SIGTERM from
+    submitit or Snakemake), the wall-time (submitit's SIGUSR2) or the end of the run kills
+    all of them, including ranks that torchrun started in sessions of their own.
     """
+    import threading
+
+    from mlrepro import proctree, secrets
+
+    child_env = {**os.environ, **env}
+    marker = child_env[proctree.MARKER]
+    hide = secrets.redactor(child_env)
+    write_error: list[str] = []
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
             ["bash", "run_and_time.sh"],
             cwd=implementation_dir,
-            env=env,
-            stdout=out,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         Path(pid_file).write_text(str(proc.pid))
 
+        def pump():
+            for line in proc.stdout:
+                if write_error:
+                    continue  # keep draining so the run is never blocked on a full pipe
+                try:
+                    out.write(hide.line_bytes(line))
+                    out.flush()
+                except OSError as exc:
+                    write_error.append(f"cannot write the run's log {log_path}: {exc.strerror}")
+                    with contextlib.suppress(proctree.Survivors):
+                        proctree.kill(marker)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+
         def stop(signum, _frame):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
             if signum == signal.SIGUSR2:
                 raise _WallTime
             raise SystemExit(128 + signum)
@@ -265,72 +339,198 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
             signal.signal(sig, stop)
         try:
-            return proc.wait()
+            rc = proc.wait()
+            # What outlived run_and_time.sh (a rank in its own session) would hold the pipe open.
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
+            reader.join()
         except _WallTime:
             proc.wait()
-            out.write(b"\nmlrepro: wall-time reached, run stopped\n")
+            reader.join()
+            with contextlib.suppress(OSError):
+                out.write(b"\nmlrepro: wall-time reached, run stopped\n")
             return WALLTIME_EXIT
+        finally:
+            # Ranks that outlived run_and_time.sh must not outlive the seed.
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
+    if write_error:
+        print(write_error[0], file=sys.stderr)
+        return LOG_WRITE_EXIT
+    return rc
 
 
-def _kill_stale_local_run(seed_dir: Path) -> None:
-    """A local run left behind by a killed workflow would race the new attempt: stop it."""
-    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
-        job = json.loads((seed_dir / "job.json").read_text())
-        if job.get("scheduler") != "local" or job.get("host") != socket.gethostname():
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(job["controller_pid"]), signal.SIGKILL)
-        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-            os.killpg(int((seed_dir / "run.pid").read_text()), signal.SIGKILL)
+@contextlib.contextmanager
+def _environ(**values: str):
+    """os.environ with `values` added for the duration (submitit starts its job with os.environ)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
+    """Whatever an earlier attempt or a killed workflow left running would race the new
+    attempt: stop it all, and start nothing while any of it is left."""
+    from mlrepro import proctree
+
+    job = _read_json(seed_dir / "job.json") or {}
+    if job.get("scheduler") == "local" and job.get("host") == socket.gethostname():
+        # The process that waited on that attempt (its workflow may be gone, it may not).
+        proctree.kill_process(int(job.get("owner_pid") or 0), job.get("owner_start"))
+    try:
+        stopped = proctree.kill(marker)
+    except proctree.Survivors as exc:
+        record_failure(seed_dir, str(exc), state="LEFTOVER_PROCESSES")
+        raise SeedFailed(f"seed {seed_dir.name}: {exc}", retry=False) from None
+    if stopped:
+        log.warning("%s: stopped %d process(es) left by an earlier attempt: %s", seed_dir.name, len(stopped),
+                    ", ".join(f"{p.pid} {p.command[:60]}" for p in stopped))
+
+
+def _next_attempt(seed_dir: Path) -> int:
+    numbers = [int(p.name.split("_")[1]) for p in seed_dir.glob("attempt_*") if p.name.split("_")[1].isdigit()]
+    return max(numbers, default=0) + 1
 
 
 def _run_env(plan: SeedPlan, logdir: Path, **extra: str) -> dict:
-    """What the run is started with, locally or by sbatch: the whole environment (as
-    sbatch --export=ALL passes it), the plan's settings and the attempt's LOGDIR."""
-    return {**os.environ, **plan.env, "LOGDIR": str(logdir), **extra}
+    """The run's settings, as given to submitit or sbatch: the plan's variables and the
+    attempt's LOGDIR, nothing from this process's environment. That one reaches the run by
+    inheritance (submitit's job, sbatch --export=ALL), so no secret is ever serialized."""
+    return {**plan.env, "LOGDIR": str(logdir), **extra}
+
+
+def _private(*folders: Path) -> None:
+    """Folders that hold run parameters are the user's alone (also ones an older version made)."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.chmod(0o700)
 
 
 def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     import submitit
 
+    from mlrepro import proctree
+
     seed_dir = plan.seed_dir
-    seed_dir.mkdir(parents=True, exist_ok=True)
-    _kill_stale_local_run(seed_dir)
-    logdir = seed_dir / "logdir"
-    logdir.mkdir(exist_ok=True)
-    run_log.write_text("")  # this attempt's log; an earlier attempt's reason stays in failure.json
-
-    executor = submitit.LocalExecutor(folder=seed_dir / ".submitit", max_num_timeout=0)
-    gpus = plan.gpus_per_node if system.device == "cuda" else 0
-    # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
-    executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
-                               signal_delay_s=5)
-    env = _run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"),
-                   **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu" else {}))
-    job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(run_log), str(seed_dir / "run.pid"))
-    atomic_write_json(
-        seed_dir / "job.json",
-        {"scheduler": "local", "host": socket.gethostname(), "controller_pid": int(job.job_id),
-         "submitted": _now(), "ranks": plan.ranks, "walltime_minutes": plan.walltime_minutes},
-    )
-
-    def cancel(signum, _frame):
-        job.cancel()
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, cancel)
+    marker = proctree.seed_marker(seed_dir)
     try:
-        rc = job.result()
-    except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as exc:
-        record_failure(seed_dir, f"launcher failed: {str(exc).splitlines()[0]}", state="FAILED")
-        raise SeedFailed(f"seed {plan.seed}: launcher failed; see {seed_dir / '.submitit'}") from None
+        seed_dir.mkdir(parents=True, exist_ok=True)
+        _private(seed_dir, *seed_dir.glob("attempt_*"), *seed_dir.glob(".submitit"))
+    except OSError as exc:
+        _io_failure(plan, exc)
+    _stop_earlier_attempts(seed_dir, marker)
+    attempt = _next_attempt(seed_dir)
+    logdir = seed_dir / f"attempt_{attempt}"
+    attempt_log = logdir / "run.log"
+    reserve = seed_dir / RESERVE_NAME
+    watchdog = None
+    try:
+        logdir.mkdir(mode=0o700)
+        _reserve(reserve)
+        attempt_log.write_text("")
+        atomic_write_text(run_log, f"attempt {attempt} running; its log is {attempt_log}\n")
+        executor = submitit.LocalExecutor(folder=logdir / ".submitit", max_num_timeout=0)
+        gpus = plan.gpus_per_node if system.device == "cuda" else 0
+        # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
+        executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
+                                   signal_delay_s=5)
+        env = _run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"), **{proctree.MARKER: marker},
+                       **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu" else {}))
+        watchdog = proctree.start_watchdog(marker)
+        # submitit's controller and job inherit os.environ: with the marker they are the seed's too.
+        with _environ(**{proctree.MARKER: marker}):
+            job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(attempt_log),
+                                  str(logdir / "run.pid"))
+        atomic_write_json(
+            seed_dir / "job.json",
+            {"scheduler": "local", "host": socket.gethostname(), "controller_pid": int(job.job_id),
+             "owner_pid": os.getpid(), "owner_start": proctree.start_time(os.getpid()), "attempt": attempt,
+             "logdir": str(logdir), "submitted": _now(), "ranks": plan.ranks,
+             "walltime_minutes": plan.walltime_minutes},
+        )
+
+        def cancel(signum, _frame):
+            job.cancel()
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
+            raise SystemExit(128 + signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, cancel)
+        try:
+            rc = job.result()
+        except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as exc:
+            # On a full or read-only disk submitit cannot even store the result: say so.
+            _probe_writable(logdir)
+            record_failure(seed_dir, f"launcher failed: {str(exc).splitlines()[0]}", state="FAILED", attempt=attempt)
+            raise SeedFailed(f"seed {plan.seed}: launcher failed; see {logdir / '.submitit'}") from None
+        finally:
+            _take_log(attempt_log, run_log)
+    except OSError as exc:
+        _io_failure(plan, exc)
+    finally:
+        with contextlib.suppress(proctree.Survivors):
+            proctree.kill(marker)
+        if watchdog is not None:
+            watchdog.terminate()
+            watchdog.wait()
+    if rc == LOG_WRITE_EXIT:
+        try:
+            _probe_writable(logdir)
+        except OSError as exc:
+            _io_failure(plan, exc)
+        _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
     if rc == WALLTIME_EXIT:
-        record_failure(seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT")
+        record_failure(seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT",
+                       attempt=attempt)
         raise SeedFailed(f"seed {plan.seed}: timeout after {plan.walltime_minutes} min; see {run_log}")
     if rc != 0:
-        record_failure(seed_dir, f"run_and_time.sh exited with {rc}", state="FAILED", exit_code=rc)
+        record_failure(seed_dir, f"run_and_time.sh exited with {rc}", state="FAILED", exit_code=rc, attempt=attempt)
         raise SeedFailed(f"seed {plan.seed}: run_and_time.sh exited with {rc}; see {run_log}")
+
+
+def _take_log(attempt_log: Path, run_log: Path) -> None:
+    """The rule's run.log becomes the attempt's own log (each attempt keeps its own in attempt_K/)."""
+    with contextlib.suppress(OSError):
+        atomic_write_bytes(run_log, attempt_log.read_bytes())
+
+
+
+
+def _reserve(path: Path) -> None:
+    with open(path, "wb") as fh:
+        with contextlib.suppress(OSError, AttributeError):
+            os.posix_fallocate(fh.fileno(), 0, RESERVE_BYTES)
+
+
+def _probe_writable(folder: Path) -> None:
+    """Raise the OSError that writing into `folder` gives now, if any."""
+    probe = folder / ".write-probe"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * 4096)
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+
+
+def _io_failure(plan: SeedPlan, exc: OSError) -> None:
+    """A full or read-only results folder fails the seed with its reason, not a traceback.
+    Not retried in this invocation: the disk does not change by itself; a rerun recovers."""
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    reason = f"cannot write the seed's files: {exc.strerror or exc}{where}"
+    if not record_failure(plan.seed_dir, reason, state="IO_ERROR"):
+        reason += "; failure.json could not be written either"
+    raise SeedFailed(f"seed {plan.seed}: {reason}", retry=False) from None
 
 
 # ---------------------------------------------------------------- Slurm (run.sub per seed)
@@ -418,12 +618,24 @@ def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
 
 
 def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
+    try:
+        _run_seed_slurm(plan, system, run_log)
+    except OSError as exc:
+        _io_failure(plan, exc)
+
+
+def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     from mlrepro import slurm
 
     seed_dir = plan.seed_dir
     seed_dir.mkdir(parents=True, exist_ok=True)
     job = _attach_or_submit(plan, system)
     info = slurm.wait(job["job_id"], poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command)
+    # The job's own logs are redacted in place as soon as it ends; run.log is made from them.
+    for written in Path(job["logdir"]).glob("*"):
+        if written.is_file() and written.suffix in (".log", ".out", ".txt"):
+            with contextlib.suppress(OSError):
+                secrets.redact_file(written)
     logs = sorted(Path(job["logdir"]).glob("*_1.log"))
     run_log.write_text("".join(p.read_text(errors="replace") for p in logs) if logs else "")
     atomic_write_json(

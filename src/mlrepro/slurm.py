@@ -7,7 +7,7 @@ script goes to sbatch as is, and its settings travel in the environment
 keeps finished jobs for good); see `job_info` for why in that order.
 
 Environment values whose names look secret (HF_TOKEN, ...) are never logged:
-every command line or environment that reaches a log goes through `redact_*`.
+every command line or environment that reaches a log goes through mlrepro.secrets.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
+
+from mlrepro.secrets import redact, redact_command, redact_env
 
 log = logging.getLogger("mlrepro.slurm")
 
@@ -66,10 +68,6 @@ _STATE_MAP = {
     "PREEMPTED": PREEMPTED,
 }
 
-# Names of environment variables whose values must never reach a log or file.
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW(OR)?D|(^|_)PASS($|_)|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL", re.I)
-REDACTED = "***"
-
 COMMAND_TIMEOUT_S = 60
 
 
@@ -80,44 +78,6 @@ class SlurmError(RuntimeError):
         super().__init__(message)
         self.command = list(command)
         self.stderr = stderr
-
-
-# ---------------------------------------------------------------- redaction
-
-
-def is_secret_name(name: str) -> bool:
-    """True for environment variable names that hold secrets (HF_TOKEN, WANDB_API_KEY, ...)."""
-    return bool(_SECRET_NAME.search(name))
-
-
-def secret_values(env: Mapping[str, object] | None) -> list[str]:
-    if not env:
-        return []
-    # Longest first, so that a secret containing another is replaced whole.
-    values = {str(v) for k, v in env.items() if is_secret_name(k) and v is not None and len(str(v)) >= 4}
-    return sorted(values, key=len, reverse=True)
-
-
-def redact_env(env: Mapping[str, object]) -> dict[str, str]:
-    """A copy of `env` fit for logs: secret values replaced by ***."""
-    return {k: (REDACTED if is_secret_name(k) else str(v)) for k, v in env.items()}
-
-
-def redact_text(text: str, env: Mapping[str, object] | None = None) -> str:
-    """`text` with every secret value of `env` (default: os.environ) and every
-    NAME=value pair whose NAME looks secret replaced by ***."""
-    for value in secret_values(os.environ if env is None else env):
-        text = text.replace(value, REDACTED)
-    return re.sub(
-        r"\b([A-Za-z_][A-Za-z0-9_]*)=(\S+)",
-        lambda m: f"{m.group(1)}={REDACTED}" if is_secret_name(m.group(1)) else m.group(0),
-        text,
-    )
-
-
-def redact_command(command: Sequence[str], env: Mapping[str, object] | None = None) -> list[str]:
-    """A command line fit for logs (see `redact_text`)."""
-    return [redact_text(str(arg), env) for arg in command]
 
 
 # ---------------------------------------------------------------- job info
@@ -321,11 +281,11 @@ def _run(command: list[str], env: Mapping[str, object] | None = None, *, check: 
                          "(`mlrepro cluster up` starts a local cluster)", command=command) from exc
     except subprocess.TimeoutExpired as exc:
         raise SlurmError(f"{command[0]} did not answer within {timeout:.0f} s "
-                         f"({' '.join(redact_command(command, env))})", command=command) from exc
+                         f"({' '.join(redact_command(command, _child_env(env)))})", command=command) from exc
     if check and proc.returncode != 0:
-        message = redact_text((proc.stderr or proc.stdout).strip(), env)
+        message = redact((proc.stderr or proc.stdout).strip(), env=_child_env(env))
         raise SlurmError(f"{command[0]} failed (exit {proc.returncode}): {message}",
-                         command=redact_command(command, env), stderr=message)
+                         command=redact_command(command, _child_env(env)), stderr=message)
     return proc
 
 
@@ -405,7 +365,7 @@ def submit(
     command = sbatch_command(batch_script, nodes=nodes, time_minutes=time_minutes, partition=partition,
                              account=account, exclude=exclude, job_name=job_name, output=output,
                              extra_args=extra_args, workdir=workdir, script_args=script_args)
-    log.info("submitting: %s", " ".join(redact_command(command, env)))
+    log.info("submitting: %s", " ".join(redact_command(command, _child_env(env))))
     if env:
         log.debug("job environment: %s", redact_env(env))
     try:
@@ -415,8 +375,8 @@ def submit(
                          command=exc.command, stderr=exc.stderr) from None
     job_id = proc.stdout.strip().splitlines()[-1].split(";")[0].strip() if proc.stdout.strip() else ""
     if not job_id.split("_")[0].isdigit():
-        raise SlurmError(f"sbatch printed no job id: {redact_text(proc.stdout + proc.stderr, env)!r}",
-                         command=redact_command(command, env))
+        raise SlurmError(f"sbatch printed no job id: {redact(proc.stdout + proc.stderr, env=_child_env(env))!r}",
+                         command=redact_command(command, _child_env(env)))
     log.info("submitted %s as Slurm job %s", job_name or batch_script, job_id)
     return job_id
 

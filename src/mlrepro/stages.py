@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import launch
-from mlrepro.fsutil import atomic_dir, atomic_write_json
+from mlrepro import launch, secrets
+from mlrepro.fsutil import atomic_dir, atomic_write_json, private_umask
 
 log = logging.getLogger("mlrepro.stages")
 
@@ -164,6 +164,7 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     bench = settings.benchmark(benchmark)
     run = launch.run_seed_slurm if plan.scheduler == "slurm" else launch.run_seed_local
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
+    launch.verify_inputs(plan, settings.root)
     for attempt in range(bench.retries + 1):
         try:
             run(plan, settings.system, log_path)
@@ -307,6 +308,8 @@ def _logging_to(path: Path | None):
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(path, mode="w"))
+    for handler in handlers:
+        handler.addFilter(secrets.RedactingFilter())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", handlers=handlers, force=True)
     try:
         yield
@@ -316,6 +319,7 @@ def _logging_to(path: Path | None):
 
 
 def run_from_snakemake(smk) -> None:
+    private_umask()
     settings = mlrepro_config.load(smk.config, Path.cwd())
     wc = smk.wildcards
     rule = smk.rule

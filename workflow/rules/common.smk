@@ -2,9 +2,18 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro import launch
+from mlrepro.fsutil import private_umask
 
 
 configfile: "config/config.yaml"
+
+# What the workflow writes (job records, logs, submitit's pickles) is the user's alone.
+private_umask()
+for _folder in (".snakemake", "results", "resources", "logs"):
+    try:
+        Path(_folder).chmod(0o700)
+    except OSError:
+        pass  # absent yet (created under the umask), or another user's
 
 
 # Validation happens at parse time, so a bad key stops `snakemake` (and `-n`) before any job.

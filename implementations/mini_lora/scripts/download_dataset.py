@@ -6,9 +6,10 @@ language (synthetic_language.py), so the same --seed gives the same bytes on any
 machine. Output follows the contract of NVIDIA's llama2_70b_lora data folder:
 
     DIR/train.npy, DIR/validation.npy
-        numpy object arrays (np.load(..., allow_pickle=True)), one dict per sample:
-        input_ids (int64 array), loss_mask (list of 0/1, 1 = token is scored),
-        seq_start_id ([0]: one sequence per sample).
+        one record per sample with NVIDIA's fields: input_ids (int64, padded),
+        loss_mask (int8 0/1, 1 = token is scored), seq_start_id ([0]: one sequence
+        per sample). Stored as a plain structured array, not pickled dicts: the
+        trainer loads it with allow_pickle=False, so a data file can never run code.
 
 Usage: download_dataset.py --data-dir DIR [--seed N]
 """
@@ -31,16 +32,30 @@ TRAIN_SAMPLES = 3901
 VALIDATION_SAMPLES = 173
 
 
+def as_records(samples: list[dict]) -> np.ndarray:
+    """The samples as a structured array (fields input_ids, loss_mask, seq_start_id)."""
+    length = max(len(s["input_ids"]) for s in samples)
+    dtype = np.dtype([("input_ids", "<i8", (length,)), ("loss_mask", "i1", (length,)), ("seq_start_id", "<i8", (1,))])
+    array = np.zeros(len(samples), dtype=dtype)
+    for i, sample in enumerate(samples):
+        array["input_ids"][i, : len(sample["input_ids"])] = sample["input_ids"]
+        array["loss_mask"][i, : len(sample["loss_mask"])] = sample["loss_mask"]
+        array["seq_start_id"][i] = sample["seq_start_id"]
+    return array
+
+
 def save_npy_atomically(path: Path, samples: list[dict]) -> None:
-    array = np.empty(len(samples), dtype=object)
-    array[:] = samples
+    array = as_records(samples)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.save(fh, array, allow_pickle=True)
+            np.save(fh, array, allow_pickle=False)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; containers may read as another user
+        # mkstemp makes it 0600; the file gets the mode the caller's umask gives new files.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

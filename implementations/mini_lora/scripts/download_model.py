@@ -190,10 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             produced_by = copy_local(Path(args.source), tmp)
         write_manifest(tmp, produced_by)
-        # mkdtemp (and safetensors) make owner-only modes; containers may read as another user
-        tmp.chmod(0o755)
+        # mkdtemp makes an owner-only folder; the checkpoint gets the modes the caller's umask gives
+        # (the workflow's keeps its files to the user; a plain shell's lets containers read them).
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
         for p in tmp.rglob("*"):
-            p.chmod(0o755 if p.is_dir() else 0o644)
+            p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
