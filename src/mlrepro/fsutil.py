@@ -63,7 +63,8 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
 
 
 def atomic_write_json(target: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Write `obj` as strict JSON: NaN or Infinity (which JSON has not) raise ValueError."""
+    atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
 @contextlib.contextmanager
