@@ -4,6 +4,14 @@ from mlrepro import config as mlrepro_config
 from mlrepro import launch
 
 
+# Read strictly first: Snakemake's own loader names no file on a YAML error and keeps the
+# last of two equal keys.
+try:
+    mlrepro_config.check_config_file("config/config.yaml")
+except mlrepro_config.ConfigError as error:
+    raise WorkflowError(f"mlrepro configuration error:\n{error}") from None
+
+
 configfile: "config/config.yaml"
 
 
@@ -84,6 +92,11 @@ def implementation_ready(wc):
     if SETTINGS.benchmark(wc.benchmark).implementation_git is None:
         return []
     return checkpoints.implementation.get(benchmark=wc.benchmark).output
+
+
+def container_ready(wc):
+    """Input helper: the benchmark's container.json, as ancient() (see the container checkpoint)."""
+    return ancient(checkpoints.container.get(benchmark=wc.benchmark).output[0])
 
 
 def implementation_files(wc):
