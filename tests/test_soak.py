@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import textwrap
@@ -29,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import launch, slurm
+from mlrepro import launch
 from workspace import REPO, make_workspace, run_snakemake, snakemake_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
