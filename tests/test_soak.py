@@ -11,7 +11,8 @@ then the workflow is unlocked and run again. At the end every seed must have exa
 COMPLETED job in sacct, only faulted seeds may have more than one job, no seed ever had two
 jobs alive at once, and the score is valid.
 
-MLREPRO_SOAK_SEEDS sets the number of seeds (CI default 16; the issue's figure is 50).
+MLREPRO_SOAK_SEEDS sets the number of seeds: 24 by default, to stay within CI's budget (about
+1.5 min for 16 seeds here); the issue's 50 passed in 6.8 min on a cluster shared with other runs.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from workspace import REPO, make_workspace, run_snakemake, snakemake_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-SEEDS = int(os.environ.get("MLREPRO_SOAK_SEEDS", "16"))
+SEEDS = int(os.environ.get("MLREPRO_SOAK_SEEDS", "24"))
 BENCH = "soak"
 TARGET = f"results/{BENCH}/score.json"
 ARGS = ("--profile", "profiles/slurm", "--config", "system=soak-slurm",
@@ -126,7 +127,9 @@ class Cluster:
         recs: dict[int, list[dict]] = {s: [] for s in self.names.values()}
         for line in out.splitlines():
             job_id, name, state, submit, start, end, nodes = line.split("|")
-            if name in self.names:
+            # sbatch refusing a job (here: a retry told to avoid both nodes) leaves a FAILED
+            # record that never had nodes; it is not a run.
+            if name in self.names and not (state == "FAILED" and nodes in ("", "None assigned")):
                 recs[self.names[name]].append({"job": job_id, "state": state.split()[0], "submit": submit,
                                                "start": start, "end": end, "nodes": nodes})
         return recs
