@@ -383,9 +383,9 @@ def test_llama2_lora_plan(published, system, nodes, gpus, config_system, walltim
         head = f"{nodes} node{'s' if nodes > 1 else ''} x {gpus} GPUs ({config_system}), wall-time {walltime} min: "
         assert plan.startswith(head), plan
         sbatch = plan[len(head):].split()
-        assert sbatch[:3] == ["sbatch", "--parsable", "--export=ALL"], plan
-        assert sbatch[3].startswith(f"--job-name=mlrepro-llama2_lora-seed{seed}-")
-        assert sbatch[4:7] == [f"--nodes={nodes}", f"--time={walltime}", "--partition=batch"], plan
+        assert sbatch[:4] == ["sbatch", "--parsable", "--export=ALL", "--no-requeue"], plan
+        assert sbatch[4].startswith(f"--job-name=mlrepro-llama2_lora-seed{seed}-")
+        assert sbatch[5:8] == [f"--nodes={nodes}", f"--time={walltime}", "--partition=batch"], plan
         assert Path(sbatch[-1]) == run_sub, plan
     # The plan is a plan: nothing was submitted or written.
     assert not (ws / "results" / "llama2_lora").exists()

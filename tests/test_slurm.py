@@ -129,10 +129,10 @@ def test_sbatch_command_carries_each_option_once():
         exclude=["node2", "node1", "node2"], job_name="mini_lora-seed_3", output="results/seed_3/slurm-%j.out",
         extra_args=["--gpus-per-node=4"], workdir="impl")
     assert command == [
-        "sbatch", "--parsable", "--export=ALL", "--job-name=mini_lora-seed_3", "--nodes=2", "--time=13",
+        "sbatch", "--parsable", "--export=ALL", "--no-requeue", "--job-name=mini_lora-seed_3", "--nodes=2", "--time=13",
         "--partition=debug", "--account=acct", "--exclude=node1,node2", "--output=results/seed_3/slurm-%j.out",
         "--chdir=impl", "--gpus-per-node=4", "impl/run.sub"]
-    assert slurm.sbatch_command("run.sub") == ["sbatch", "--parsable", "--export=ALL", "run.sub"]
+    assert slurm.sbatch_command("run.sub") == ["sbatch", "--parsable", "--export=ALL", "--no-requeue", "run.sub"]
     with pytest.raises(ValueError, match="nodes"):
         slurm.sbatch_command("run.sub", nodes=0)
 

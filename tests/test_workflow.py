@@ -220,6 +220,31 @@ def test_snakemake_report_includes_score_and_plots(finished, tmp_path):
         assert item in names, f"{item} missing from snakemake --report"
 
 
+def test_fresh_checkout_reusing_resources_runs_its_seeds(finished, tmp_path):
+    """Issue 15 item 5: a new checkout (every file newer than the results it is given) with an
+    existing resources/ and container.json rebuilt only the container and exited 0 with no seed,
+    score or report: the rebuilt container hid, behind ancient() inputs, the seeds that were missing."""
+    import shutil
+
+    old = finished["ws"]
+    ws = make_workspace(tmp_path / "fresh")
+    for path in (ws / "implementations").rglob("*"):
+        os.utime(path)  # a git checkout writes every file now
+    shutil.copytree(old / "resources", ws / "resources")  # copy2: the old times stay
+    (ws / "results" / "mini_lora").mkdir(parents=True)
+    shutil.copy2(old / "results" / "mini_lora" / "container.json", ws / "results" / "mini_lora" / "container.json")
+    bench = ws / "config" / "benchmarks" / "mini_lora.yaml"
+    bench.write_text(bench.read_text().replace("required_runs: 10", "required_runs: 1"))
+    manifests = {p: p.stat().st_mtime_ns for p in (ws / "resources" / "mini_lora").glob("*/manifest.json")}
+    assert len(manifests) == 2
+    proc = run_snakemake(ws, *PROFILE)
+    results = ws / "results" / "mini_lora"
+    for target in ("seed_1/run.json", "score.json", "report.html"):
+        assert (results / target).exists(), f"{target} missing after exit 0:\n{proc.stderr[-3000:]}"
+    assert "container" in proc.stderr  # the container was rebuilt, and the DAG looked again after it
+    assert {p: p.stat().st_mtime_ns for p in manifests} == manifests, "the dataset or checkpoint was redone"
+
+
 # Last: it leaves a seed unfinished.
 def test_ctrl_c_leaves_no_train_py(finished):
     import shutil

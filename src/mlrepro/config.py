@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ import yaml
 
 # The schemas belong to the workflow: a checkout validates its config with its own.
 SCHEMA_SUBDIR = Path("workflow") / "schemas"
+# What a benchmark's run_env values may name: the folders of those stages (see launch.plan_seed).
+RUN_ENV_PLACEHOLDERS = ("dataset", "checkpoint")
 
 
 class ConfigError(ValueError):
@@ -67,26 +71,81 @@ def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
             _fill_defaults(instance[key], sub, root)
 
 
+def _non_finite(data: Any, path: str = "") -> list[str]:
+    """Key paths of NaN/infinite numbers in `data`: JSON Schema's `number` lets them through."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return [f"{path.lstrip('.') or '(top level)'}: {data} is not a finite number"]
+    if isinstance(data, dict):
+        return [msg for k, v in data.items() for msg in _non_finite(v, f"{path}.{k}")]
+    if isinstance(data, list):
+        return [msg for i, v in enumerate(data) for msg in _non_finite(v, f"{path}[{i}]")]
+    return []
+
+
 def validate(data: Any, schema_name: str, source: str, root: Path) -> dict:
     """Validate `data` against <root>/workflow/schemas/<schema_name>.schema.yaml; return it with defaults filled."""
     schema = _schema(root / SCHEMA_SUBDIR, schema_name)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
-    if errors:
-        lines = "\n".join(f"  - {_describe(e)}" for e in errors)
+    problems = _non_finite(data) + [_describe(e) for e in errors]
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
         raise ConfigError(f"{source} is invalid:\n{lines}")
     data = copy.deepcopy(data)
     _fill_defaults(data, schema, schema)
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:
+                continue  # an unhashable key: construct_mapping reports it
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' is given twice (lines {first} and {key_node.start_mark.line + 1})",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise ConfigError(f"{path}: file not found")
+    """The YAML file at `path`; a syntax error or a repeated key is a ConfigError naming the file."""
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def check_config_file(path: str | Path) -> None:
+    """Read config/config.yaml as strictly as the other files, before Snakemake loads it
+    (whose own message names no file and which keeps the last of two equal keys)."""
+    load_yaml(Path(path))
+
+
+def _check_run_env(run_env: dict, rel: Path) -> None:
+    allowed = ", ".join("{%s}" % p for p in RUN_ENV_PLACEHOLDERS)
+    for key, value in run_env.items():
+        try:
+            fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise ConfigError(f"{rel}: run_env.{key}: {value!r} is not a valid template ({exc}); "
+                              f"placeholders are {allowed}, and a literal brace is written {{{{ or }}}}") from None
+        for name, spec, conv in fields:
+            if name not in RUN_ENV_PLACEHOLDERS or spec or conv:
+                raise ConfigError(f"{rel}: run_env.{key}: unknown placeholder {{{name}}} in {value!r} "
+                                  f"(known: {allowed})")
 
 
 @dataclass(frozen=True)
@@ -169,10 +228,15 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         impl_dir = impl_dir if impl_dir.is_absolute() else root / impl_dir
         if not impl_dir.is_dir():
             raise ConfigError(f"{rel}: implementation.path: folder '{impl['path']}' does not exist")
+        # run.sub runs it on every rank; missing, a seed would fail only once it is scheduled.
+        if not (impl_dir / "run_and_time.sh").is_file():
+            raise ConfigError(f"{rel}: implementation.path: '{impl['path']}' has no run_and_time.sh "
+                              f"(an MLPerf implementation folder holds run.sub, run_and_time.sh and config_<SYSTEM>.sh)")
         git = None
     else:
         git = impl["git"]
         impl_dir = root / "resources" / name / "implementation" / git["folder"]
+    _check_run_env(data["run_env"], rel)
     seeds = tuple(data.get("seeds") or range(1, data["required_runs"] + 1))
     if len(seeds) < data["required_runs"]:
         raise ConfigError(

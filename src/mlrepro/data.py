@@ -580,14 +580,44 @@ def verify_mounts(
 
 # huggingface_hub keeps its resume and metadata files here inside local_dir.
 _MANIFEST_SKIP_PREFIX = ".cache/huggingface/"
+# Sources whose tools check what they resume: huggingface_hub (its metadata in
+# .cache/huggingface) and rclone copy (size and time against the remote). A script
+# has no such contract, so what an interrupted one left behind is not trusted.
+_RESUMABLE_SOURCES = ("hub", "rclone", "user_path")
+
+
+def resumable(sources: Sequence[Mapping]) -> bool:
+    """Whether a stage's temporary folder from an interrupted attempt may be resumed."""
+    return all(any(kind in source for kind in _RESUMABLE_SOURCES) for source in sources)
+
+
+def drop_transfer_state(folder: str | os.PathLike) -> list[str]:
+    """Remove what the download tools keep only while transferring (huggingface_hub's
+    .cache/huggingface, rclone's *.partial files), so it never reaches the final folder."""
+    folder = Path(folder)
+    removed = []
+    hub_cache = folder / ".cache" / "huggingface"
+    if hub_cache.is_dir():
+        shutil.rmtree(hub_cache)
+        removed.append(".cache/huggingface/")
+        with contextlib.suppress(OSError):
+            (folder / ".cache").rmdir()
+    for part in sorted(folder.rglob("*.partial")):
+        if part.is_file() and not part.is_symlink():
+            part.unlink()
+            removed.append(part.relative_to(folder).as_posix())
+    return removed
 
 
 def write_manifest(root: str | os.PathLike, out_json: str | os.PathLike,
-                   extra: Mapping | None = None, *, hash: bool = True) -> dict:
+                   extra: Mapping | None = None, *, hash: bool = True,
+                   final_root: str | os.PathLike | None = None) -> dict:
     """Write {root, files: [{path, size, xxh3_128, sha256?}], num_files, num_bytes, ...extra} atomically.
 
     Every file gets its size and XXH3-128 (read at disk speed, checked before every seed by
     `verify_manifest`); with `hash=False` (trees of terabytes) sha256 is left out.
+    `final_root` is the folder `root` becomes once it is renamed into place (the
+    manifest names that one, not the temporary folder it was written in).
     """
     root = Path(root)
     out_json = Path(out_json)
@@ -597,7 +627,7 @@ def write_manifest(root: str | os.PathLike, out_json: str | os.PathLike,
     rows = [r for r in file_manifest(root, exclude=exclude, sha256=hash)
             if not r["path"].startswith(_MANIFEST_SKIP_PREFIX)]
     manifest = {
-        "root": str(root.resolve()),
+        "root": str(Path(final_root or root).resolve()),
         "hashed": hash,
         "num_files": len(rows),
         "num_bytes": sum(r["size"] for r in rows),

@@ -63,19 +63,23 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
 
 
 def atomic_write_json(target: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Write `obj` as strict JSON: NaN or Infinity (which JSON has not) raise ValueError."""
+    atomic_write_text(target, json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
 @contextlib.contextmanager
-def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(target: str | os.PathLike, *, resume: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside `target`; it replaces `target` on success.
 
     A folder left behind by an earlier interrupted attempt (`.NAME.partial`) is
-    handed back so that resumable downloads can continue where they stopped.
+    emptied first, unless `resume`: then it is handed back as it is, for downloads
+    that check what they resume (the caller answers for whatever else it holds).
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.parent / f".{target.name}.partial"
+    if not resume and partial.exists():
+        shutil.rmtree(partial)
     partial.mkdir(exist_ok=True)
     yield partial
     if target.exists():

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlrepro import implementation, mllog, secrets
-from mlrepro.config import Benchmark, ConfigError, Settings, System
+from mlrepro.config import RUN_ENV_PLACEHOLDERS, Benchmark, ConfigError, Settings, System
 from mlrepro.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 log = logging.getLogger("mlrepro.launch")
@@ -155,7 +155,7 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
     cfg = implementation_config(benchmark, system)
     root = settings.root
     seed_dir = root / "results" / benchmark_name / f"seed_{seed}"
-    places = {stage: str(stage_location(root, benchmark_name, stage)) for stage in ("dataset", "checkpoint")}
+    places = {stage: str(stage_location(root, benchmark_name, stage)) for stage in RUN_ENV_PLACEHOLDERS}
     env = {
         **cfg.env,
         **benchmark.env,

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,11 +117,33 @@ def _check_record(obj: Any) -> str | None:
     if not isinstance(obj["key"], str) or not obj["key"]:
         return "MLLOG record has no key name"
     t = obj["time_ms"]
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        return f"MLLOG record {obj['key']!r} has a bad time_ms {t!r}"
+    if finite(t) is None:
+        return f"MLLOG record {obj['key']!r} has a bad time_ms {_shown(t)}"
     if not isinstance(obj["metadata"], dict):
         return f"MLLOG record {obj['key']!r} has metadata that is not an object"
     return None
+
+
+def finite(x: Any) -> float | None:
+    """`x` as a finite float, or None when it is not a number or does not fit one.
+
+    JSON integers have no size limit: one of 400 digits overflows a float, and
+    math.isfinite would raise on it.
+    """
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        value = float(x)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"(an integer of about {int(value.bit_length() * 0.30103)} digits)"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def parse_text(text: str, source: str = "<text>") -> ParsedLog:
@@ -143,8 +166,11 @@ def parse_text(text: str, source: str = "<text>") -> ParsedLog:
             body = piece.lstrip(" ")
             try:
                 obj, end = _DECODER.raw_decode(body)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            except (ValueError, RecursionError) as exc:
+                # ValueError besides JSONDecodeError: an integer longer than Python's
+                # int-conversion limit (4,300 digits).
+                msg = (exc.msg if isinstance(exc, json.JSONDecodeError)
+                       else "nested too deeply" if isinstance(exc, RecursionError) else "a number too long")
                 problems.add(f"line {lineno}: unreadable MLLOG record (truncated or corrupt JSON: {msg})")
                 continue
             why = _check_record(obj)
@@ -158,7 +184,7 @@ def parse_text(text: str, source: str = "<text>") -> ParsedLog:
                     key=obj["key"],
                     value=obj["value"],
                     metadata=obj["metadata"],
-                    time_ms=float(obj["time_ms"]),
+                    time_ms=finite(obj["time_ms"]),
                     event_type=obj.get("event_type") if isinstance(obj.get("event_type"), str) else None,
                     lineno=lineno,
                     rank=rank,
@@ -195,12 +221,37 @@ def _short_list(items: list[int], n: int = 8) -> str:
     return s + (f", ... ({len(items)} in all)" if len(items) > n else "")
 
 
+class NotRegularFile(OSError):
+    """A path names a FIFO, socket or device: reading it could block forever."""
+
+
+def open_regular(path: str | os.PathLike):
+    """Open `path` for binary reading if it is a regular file (following links).
+
+    The open does not block on a FIFO (O_NONBLOCK); anything but a regular file
+    raises NotRegularFile.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def parse_log(path: str | os.PathLike) -> ParsedLog:
     """Parse the MLLOG records of the log at `path`. Never raises: an unreadable
-    file gives a ParsedLog with no records and the reason in `problems`."""
+    file (or a FIFO, socket or device) gives a ParsedLog with no records and the
+    reason in `problems`."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open_regular(path) as fh:
+            data = fh.read()
+    except NotRegularFile:
+        return ParsedLog(source=str(path), problems=[f"{path} is not a regular file; not read"])
     except OSError as exc:
         return ParsedLog(source=str(path), problems=[f"cannot read {path}: {exc.strerror or exc}"])
     # latin-1 maps every byte to a character, so binary garbage cannot make
@@ -220,10 +271,13 @@ def extract_mllog(src: str | os.PathLike, dst: str | os.PathLike) -> ParsedLog:
 
 
 def contains_mllog(path: str | os.PathLike) -> bool:
-    """Whether the file at `path` has at least one MLLOG marker (cheap sniff)."""
+    """Whether the file at `path` has at least one MLLOG marker (cheap sniff).
+
+    False for anything but a regular file: a FIFO in a scanned folder must not hang us.
+    """
     marker = TOKEN.encode()
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             tail = b""
             while block := fh.read(1 << 20):
                 if marker in tail + block:

@@ -21,8 +21,8 @@ run_start and run_stop present, status success, target met.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -34,7 +34,7 @@ from typing import Any, Iterable, Sequence
 
 from mlrepro import checkers
 from mlrepro.fsutil import atomic_write_json
-from mlrepro.mllog import ParsedLog, contains_mllog, parse_log
+from mlrepro.mllog import ParsedLog, Record, contains_mllog, finite, parse_log
 
 DEFAULT_RULESET = "5.0.0"
 # Our config names for the MLPerf benchmarks.
@@ -77,7 +77,8 @@ class Rules:
     usage: str = "training"
 
     def target_met(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        value = finite(value)
+        if value is None:
             return False
         if self.mlperf_benchmark:
             # the closed-division check also requires a positive metric
@@ -181,9 +182,41 @@ def _seed_of(log: ParsedLog, path: Path) -> int | None:
 
 
 def _number(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    return x
+    """`x` if it is a number a float can hold (ints stay ints), else None."""
+    return None if finite(x) is None else x
+
+
+def _lines(records: Sequence[Record]) -> str:
+    return ", ".join(str(r.lineno) for r in records[:5]) + (", ..." if len(records) > 5 else "")
+
+
+def _mixed_runs(log: ParsedLog, window: Sequence[Record], metric: str) -> list[str]:
+    """Why the log holds more than one run (empty when it holds one).
+
+    Two runs in one log happen when an earlier attempt's ranks outlive it and keep
+    writing: run_start/run_stop repeat, or, when the old run has not reached its end,
+    its evaluations interleave with the new run's and their sample counts go back.
+    """
+    why = []
+    starts, stops = log.all("run_start"), log.all("run_stop")
+    if len(starts) > 1 or len(stops) > 1:
+        why.append(f"log holds more than one run: {len(starts)} run_start (lines {_lines(starts)}), "
+                   f"{len(stops)} run_stop (lines {_lines(stops)}); not scored")
+    seeds = {json.dumps(r.value, sort_keys=True) for r in log.all("seed")}
+    if len(seeds) > 1:
+        why.append(f"log holds more than one run: {len(seeds)} different seeds logged "
+                   f"(lines {_lines(log.all('seed'))}); not scored")
+    previous = None
+    for rec in window:
+        samples = finite(rec.metadata.get("samples_count")) if rec.key == metric else None
+        if samples is None:
+            continue
+        if previous is not None and samples < previous[0]:
+            why.append(f"log holds more than one run: {metric} samples_count goes back from {previous[0]:g} "
+                       f"(line {previous[1]}) to {samples:g} (line {rec.lineno}); not scored")
+            break
+        previous = (samples, rec.lineno)
+    return why
 
 
 def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool = True,
@@ -206,6 +239,12 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
         reasons.append(f"log is for benchmark {run['benchmark']}, not {rules.mlperf_benchmark or rules.benchmark}")
 
     start, stop = log.first("run_start"), log.first("run_stop")
+    position = {id(r): i for i, r in enumerate(log.records)}
+    # Only what the run logged between run_start and run_stop counts: an evaluation
+    # before run_start (or after run_stop) is not part of the timed run.
+    first = position[id(start)] + 1 if start is not None else len(log.records)
+    last = position[id(stop)] if stop is not None else len(log.records)
+    window = log.records[first:last]
     minutes = None
     if start is None:
         reasons.append("run_start missing")
@@ -214,21 +253,28 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     if start is not None and stop is not None:
         # Same arithmetic as result_summarizer, so the rounding matches too.
         minutes = (stop.time_ms - start.time_ms) / 60 / 1000
-        if minutes <= 0:
+        if finite(minutes) is None:
+            reasons.append(f"run time is not a finite number (run_start {start.time_ms:g} ms, "
+                           f"run_stop {stop.time_ms:g} ms)")
+            minutes = None
+        elif last < first or minutes <= 0:
             reasons.append("run_stop is not after run_start")
             minutes = None
+    mixed = _mixed_runs(log, window, rules.target_metric)
+    if mixed:
+        reasons.extend(mixed)
+        minutes = None
     run["minutes"] = minutes
     status = stop.metadata.get("status") if stop is not None else None
     run["status"] = status if isinstance(status, str) else None
     if stop is not None and run["status"] != "success":
         reasons.append(f"run_stop status is {run['status'] or 'missing'}, not success")
 
-    # Evaluations up to run_stop; samples-to-converge is the sample count of
-    # the last one, as rcp_checker reads it.
-    stop_index = log.records.index(stop) if stop is not None else len(log.records)
+    # Evaluations of the run; samples-to-converge is the sample count of the last
+    # one, as rcp_checker reads it.
     evals: list[list[float]] = []
     last_samples = None
-    for rec in log.records[:stop_index]:
+    for rec in window:
         if rec.key != rules.target_metric:
             continue
         samples = _number(rec.metadata.get("samples_count"))
@@ -262,6 +308,8 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     run["counted"] = not reasons
     run["reasons"] = reasons
     run["problems"] = list(log.problems)
+    # Two files with the same MLLOG records are one run, whatever their names say.
+    run["mllog_sha256"] = hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None
     return run
 
 
@@ -312,9 +360,18 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
     reasons: list[str] = []
 
     seen: dict[Any, str] = {}
+    same_log: dict[str, str] = {}
     for run in runs:
         seed = run.get("seed")
         run["duplicate"] = False
+        fingerprint = run.get("mllog_sha256")
+        if fingerprint and fingerprint in same_log:
+            run["duplicate"] = True
+            run["counted"] = False
+            run["reasons"].append(f"identical to {same_log[fingerprint]} (the same MLLOG records); not scored")
+            continue
+        if fingerprint:
+            same_log[fingerprint] = run.get("file")
         if seed is None:
             continue
         if seed in seen:
@@ -412,6 +469,8 @@ def collect_logs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[s
             if not found:
                 notes.append(f"no MLLOG logs in {p}")
             files.extend(found)
+        elif p.exists():
+            notes.append(f"{p} is not a regular file or folder; skipped")
         else:
             notes.append(f"{p} does not exist")
     unique, seen = [], set()

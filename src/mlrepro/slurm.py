@@ -311,7 +311,10 @@ def sbatch_command(
     Settings for the job travel in the environment (--export=ALL), as run.sub
     expects, so they are not part of this line.
     """
-    command = ["sbatch", "--parsable", "--export=ALL"]
+    # --no-requeue: mlrepro retries a failed seed itself, as a new attempt in its own folder and
+    # away from the nodes it failed on. A job Slurm requeued after NODE_FAIL would instead run
+    # again into the same folder (its first run's log beside the second: one seed, two runs).
+    command = ["sbatch", "--parsable", "--export=ALL", "--no-requeue"]
     if job_name:
         command.append(f"--job-name={job_name}")
     if nodes is not None:

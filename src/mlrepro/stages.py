@@ -80,7 +80,8 @@ def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out
     record: dict = {"benchmark": benchmark, "stage": stage, "sources": spec["sources"]}
     image = _stage_image(settings, benchmark)
 
-    with atomic_dir(folder) as partial:
+    # What an interrupted attempt left is resumed only where the tools check it (data.resumable).
+    with atomic_dir(folder, resume=data.resumable(spec["sources"])) as partial:
         for source in spec["sources"]:
             where = partial / source["into"] if source["into"] else partial
             if "user_path" in source:
@@ -110,9 +111,11 @@ def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out
                     raise data.DataError(
                         f"{stage} does not match {mounts_csv.name} ({source['expected_mounts']}):\n  "
                         + "\n  ".join(problems[:20]))
+        for name in data.drop_transfer_state(partial):
+            log.info("%s: removed transfer leftover %s", stage, name)
         total = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
         # Hashing a 140 GB checkpoint would take longer than downloading it; sizes are checked.
-        data.write_manifest(partial, partial / out.name, extra=record, hash=total < 2**30)
+        data.write_manifest(partial, partial / out.name, extra=record, hash=total < 2**30, final_root=folder)
 
 
 def _user_folder(source: dict) -> Path:

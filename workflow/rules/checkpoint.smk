@@ -1,6 +1,6 @@
 rule base_checkpoint:
     input:
-        ancient("results/{benchmark}/container.json"),
+        container_ready,
     output:
         "resources/{benchmark}/checkpoint/manifest.json",
     resources:

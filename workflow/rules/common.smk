@@ -5,6 +5,14 @@ from mlrepro import launch
 from mlrepro.fsutil import private_umask
 
 
+# Read strictly first: Snakemake's own loader names no file on a YAML error and keeps the
+# last of two equal keys.
+try:
+    mlrepro_config.check_config_file("config/config.yaml")
+except mlrepro_config.ConfigError as error:
+    raise WorkflowError(f"mlrepro configuration error:\n{error}") from None
+
+
 configfile: "config/config.yaml"
 
 # What the workflow writes (job records, logs, submitit's pickles) is the user's alone.
@@ -99,6 +107,11 @@ def reference_runs(wc):
     """Input helper: the shipped reference runs of a benchmark that has them."""
     ref = SETTINGS.benchmark(wc.benchmark).reference
     return sorted(str(p) for p in ref["runs"].iterdir() if p.is_file()) if ref else []
+
+
+def container_ready(wc):
+    """Input helper: the benchmark's container.json, as ancient() (see the container checkpoint)."""
+    return ancient(checkpoints.container.get(benchmark=wc.benchmark).output[0])
 
 
 def implementation_files(wc):

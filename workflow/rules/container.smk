@@ -11,8 +11,11 @@ checkpoint implementation:
 
 
 # The image is rebuilt only when the implementation's files change (container.py compares a
-# digest of the build context); downstream stages take container.json as ancient().
-rule container:
+# digest of the build context); downstream stages take container.json as ancient(). It is a
+# checkpoint so that the DAG is evaluated again once it has run: Snakemake never looks at a job
+# whose only path from a job that must run goes through ancient() inputs (snakemake#4166), so
+# without it a rebuilt container hid the seeds that were missing and the run ended "done".
+checkpoint container:
     input:
         implementation_files,
     output:

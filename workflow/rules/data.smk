@@ -1,6 +1,6 @@
 rule dataset:
     input:
-        ancient("results/{benchmark}/container.json"),
+        container_ready,
     output:
         "resources/{benchmark}/data/manifest.json",
     resources:

@@ -2,7 +2,7 @@
 # upstream file was touched; delete its folder to run it again.
 rule train_seed:
     input:
-        container=ancient("results/{benchmark}/container.json"),
+        container=container_ready,
         dataset=ancient("resources/{benchmark}/data/manifest.json"),
         checkpoint=ancient("resources/{benchmark}/checkpoint/manifest.json"),
         implementation=lambda wc: [ancient(f) for f in implementation_ready(wc)],
