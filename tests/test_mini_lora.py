@@ -47,6 +47,8 @@ def config_env(config: Path) -> dict[str, str]:
 def run_and_time(env_extra: dict[str, str], config: Path = IMPL / "config_CPU_1x2x8xtp1pp1cp1.sh", timeout=240):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update(config_env(config))
+    # run_and_time.sh's python3 is the test's own (the project venv need not be activated).
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(env_extra)
     return subprocess.run([str(IMPL / "run_and_time.sh")], env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -12,7 +12,6 @@ tokenizer or disagrees, the `tokenizers` library encodes instead and the log say
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +75,6 @@ def _require(path: str | None, flag: str, kind: str) -> Path:
 
 def _hf_tokenizer(tokenizer_type: str, vocab_file: str | None, merge_file: str | None, tokenizer_model: str | None):
     """The transformers tokenizer Megatron's build_tokenizer() makes, and its `tokenizers` backend."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if tokenizer_type == "GPT2BPETokenizer":
         from transformers import GPT2Tokenizer
 
@@ -91,7 +89,8 @@ def _hf_tokenizer(tokenizer_type: str, vocab_file: str | None, merge_file: str |
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast(tokenizer_file=str(model))
-    return AutoTokenizer.from_pretrained(str(model))
+    # A folder on disk, never a hub name: preprocessing must not reach out to a hub mid-run.
+    return AutoTokenizer.from_pretrained(str(model), local_files_only=True)
 
 
 def _gigatoken(hf, reference) -> tuple[Any | None, str]:
