@@ -14,6 +14,7 @@ COMMANDS = {
     "score": ("mlrepro.scoring", "score MLPerf logs (files or folders) as MLCommons would"),
     "status": ("mlrepro.status", "show each seed's state for a results/<benchmark> folder"),
     "cluster": ("mlrepro.cluster", "start, stop or show a local Slurm cluster on this machine"),
+    "profiles": ("mlrepro.profiles", "install the repository's Snakemake profiles as named ones (--profile local|slurm)"),
 }
 
 

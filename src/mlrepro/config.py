@@ -124,6 +124,8 @@ class Benchmark:
     run_env: dict
     env: dict
     source: Path
+    requires: dict = field(default_factory=dict)
+    min_free_gb: float = 0
 
     def scoring_rules(self):
         """The scoring rules of this benchmark (see mlrepro.scoring)."""
@@ -137,20 +139,30 @@ class Benchmark:
         )
 
 
+def benchmark_names(root: Path) -> list[str]:
+    """Every benchmark that has a config/benchmarks/<name>.yaml."""
+    return sorted(p.stem for p in (Path(root) / "config" / "benchmarks").glob("*.yaml"))
+
+
 @dataclass(frozen=True)
 class Settings:
     root: Path
-    benchmarks: dict[str, Benchmark]
+    benchmarks: dict[str, Benchmark]  # those under `benchmarks:`, the default target
     system: System
     submitter: str
+    # Any other config/benchmarks/<name>.yaml is loaded (and validated) when first asked for:
+    # a file target names its benchmark, listed or not.
+    _others: dict[str, Benchmark] = field(default_factory=dict, repr=False, compare=False)
 
     def benchmark(self, name: str) -> Benchmark:
-        try:
+        if name in self.benchmarks:
             return self.benchmarks[name]
-        except KeyError:
-            raise ConfigError(
-                f"benchmark '{name}' is not configured (config benchmarks: {', '.join(self.benchmarks)})"
-            ) from None
+        if name not in self._others:
+            if name not in benchmark_names(self.root):
+                raise ConfigError(f"benchmark '{name}': config/benchmarks/{name}.yaml not found "
+                                  f"(known benchmarks: {', '.join(benchmark_names(self.root))})")
+            self._others[name] = load_benchmark(self.root, name)
+        return self._others[name]
 
 
 def load_benchmark(root: Path, name: str) -> Benchmark:
@@ -190,6 +202,8 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         run_env=data["run_env"],
         env={k: str(v) for k, v in data["env"].items()},
         source=path,
+        requires=data["requires"],
+        min_free_gb=data["min_free_gb"],
     )
 
 

@@ -10,12 +10,16 @@ rule score_seed:
         "../scripts/stage.py"
 
 
+# The score and its report are one job, so that the card's target (score.json) also brings
+# the report up to date; seed_results notices a seed deleted to be redone.
 rule score:
     input:
-        runs=seed_files("run.json"),
-        mllogs=seed_files("mllog.txt"),
+        unpack(seed_results),
     output:
-        report("results/{benchmark}/score.json", caption="../report/score.rst", category="Score"),
+        score=report("results/{benchmark}/score.json", caption="../report/score.rst", category="Score"),
+        html=report("results/{benchmark}/report.html", caption="../report/report.rst", category="Report"),
+        convergence=report("results/{benchmark}/plots/convergence.svg", caption="../report/convergence.rst", category="Plots"),
+        time_to_train=report("results/{benchmark}/plots/time_to_train.svg", caption="../report/time_to_train.rst", category="Plots"),
     log:
         "logs/{benchmark}/score.log",
     localrule: True
