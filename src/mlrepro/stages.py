@@ -280,7 +280,21 @@ def _logging_to(path: Path | None):
         raise
 
 
+def _host_python_first() -> None:
+    """Put this interpreter's folder first on PATH, for every child that runs on the host.
+
+    The implementations' scripts call `python3` (run_and_time.sh, download_*.py, run.sub's
+    checker); on a host without containers that must be the environment mlrepro runs in
+    (the project's .venv), also when it was not activated (`.venv/bin/python -m snakemake`).
+    """
+    here = os.path.dirname(sys.executable)  # not resolved: a venv's python is a link out of it
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != here:
+        os.environ["PATH"] = here + os.pathsep + path if path else here
+
+
 def run_from_snakemake(smk) -> None:
+    _host_python_first()
     settings = mlrepro_config.load(smk.config, Path.cwd())
     wc = smk.wildcards
     rule = smk.rule
