@@ -89,6 +89,8 @@ def test_every_readme_command_runs(tmp_path):
         "<your Hugging Face token>": "hf_readme_test_token_000000",
         "path/to/logs": str(logs),
         "/path/holding/405b": str(tmp_path / "405b"),
+        # a checkout of mlcommons/training_results_v5.0: the sample tree the scoring tests use
+        "mlrepro score training_results_v5.0": f"mlrepro score {REPO / 'tests' / 'fixtures' / 'mlperf_v5_sample'}",
     }
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "VIRTUAL_ENV": sys.prefix, "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "PYTHONUNBUFFERED": "1"}

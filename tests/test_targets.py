@@ -62,7 +62,7 @@ def test_systems_that_fit_each_benchmark():
     assert set(fits["mini_lora"]) == {"local", "local-slurm"}
     assert "dgxb200" in fits["llama2_lora"] and "local-slurm" not in fits["llama2_lora"]
     # NVIDIA's smallest llama31_405b submission takes 256 GPUs: one NVL72 rack is not enough.
-    assert fits["llama31_405b"] == ["gb200-nvl72x4"]
+    assert "gb200-nvl72x4" in fits["llama31_405b"] and "gb200-nvl72" not in fits["llama31_405b"]
     assert all(fits.values()), f"a benchmark no example system can run: {fits}"
 
 
