@@ -1,13 +1,38 @@
 # The two commands of README.md: `make mini` (install + reproduce the miniature) and
 # `make test` (install everything the tests use + run them). Both are safe to repeat.
+#
+# Everything Python goes into the project's own virtual environment .venv/, made from $(PY):
+# a distribution's python3 refuses `pip install` into itself (PEP 668), and a pyenv or conda
+# Python works the same way. Nothing is installed with --break-system-packages.
 PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# Reinstalled when pyproject.toml changes (the stamp lives in the venv: a new venv reinstalls).
+STAMP := $(VENV)/.mlrepro-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := chromium podman squashfs-tools
 
-.PHONY: install system-deps cluster mini test
+.PHONY: venv install profiles system-deps cluster mini test lint
 
-install:
-	$(PY) -m pip install -q -e '.[test]'
+$(VPY):
+	@# Debian/Ubuntu ship venv's pip bootstrap (ensurepip) separately, in python3-venv.
+	$(PY) -m venv $(VENV) || { \
+	  command -v apt-get >/dev/null && rm -rf $(VENV) && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && \
+	  $(PY) -m venv $(VENV); }
+
+venv: $(VPY)
+
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# Snakemake's named profiles (`--profile local`, `--profile slurm`) point at profiles/.
+profiles: $(STAMP)
+	$(VPY) -m mlrepro profiles install
+
+install: $(STAMP) profiles
 
 system-deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -17,10 +42,14 @@ system-deps:
 	fi
 
 cluster: install
-	$(SUDO) $(PY) -m mlrepro cluster up
+	$(SUDO) $(VPY) -m mlrepro cluster up
 
 mini: install
-	$(PY) -m snakemake --profile profiles/local
+	$(VPY) -m snakemake --profile profiles/local
 
 test: install system-deps cluster
-	$(PY) -m pytest tests
+	$(VPY) -m pytest tests
+
+lint: install
+	$(VPY) -m ruff check src tests
+	$(VPY) .ci/snakemake_lint.py

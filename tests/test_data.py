@@ -265,8 +265,8 @@ def test_write_manifest_atomic_with_and_without_hash(tmp_path):
 
 def test_free_space_check(tmp_path):
     assert check_free_space(tmp_path / "not" / "yet", 1) > 0
-    with pytest.raises(DataError, match=r"need [\d,.]+ GiB, only [\d,.]+ GiB free"):
-        check_free_space(tmp_path, 10**18)
+    with pytest.raises(DataError, match=r"need 1,000,000,000.0 GB, only [\d,.]+ GB free .*\(the reason\)"):
+        check_free_space(tmp_path, 10**18, why="the reason")
 
 
 # --------------------------------------------------------------------------- download scripts

@@ -278,7 +278,7 @@ def test_log_pretending_to_be_llama2_70b_lora_passes_the_compliance_checker(data
 
     # The checker is not a rubber stamp: the same log with the run_start line gone fails.
     broken = tmp_path / "broken.txt"
-    broken.write_text("\n".join(l for l in res.stdout.splitlines() if '"run_start"' not in l) + "\n")
+    broken.write_text("\n".join(line for line in res.stdout.splitlines() if '"run_start"' not in line) + "\n")
     check = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
                             "--ruleset", "5.0.0", str(broken)], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode != 0

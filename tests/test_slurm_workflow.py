@@ -130,3 +130,23 @@ def test_score_after_the_rerun(scenario):
     assert sum(r["converged"] for r in score["runs"]) >= 9
     assert not (seed_dir(ws, scenario["cancelled_seed"]) / "failure.json").exists()
     assert "re-attaching" in scenario["second"].stdout + scenario["second"].stderr
+
+
+def test_deleted_seed_reruns_as_exactly_one_slurm_job(scenario):
+    """README's rerun on Slurm: delete one seed, run the card's explicit target: sacct shows
+    exactly one new training job, for that seed; the score and the report are redone.
+    (Last in this file: it adds a job to one seed, which the tests above count.)"""
+    import shutil
+
+    ws = scenario["ws"]
+    seed = next(s for s in SEEDS if s != scenario["cancelled_seed"])
+    before = {s: [j.job_id for j in jobs_of(ws, s)] for s in SEEDS}
+    report = (ws / "results" / "mini_lora" / "report.html").stat().st_mtime_ns
+    shutil.rmtree(seed_dir(ws, seed))
+    run_snakemake(ws, *ARGS, timeout=900)
+    for s in SEEDS:
+        new = [j for j in jobs_of(ws, s) if j.job_id not in before[s]]
+        assert len(new) == (1 if s == seed else 0), f"seed {s}: {len(new)} new Slurm jobs"
+    assert (seed_dir(ws, seed) / "mllog.txt").is_file()
+    assert (ws / "results" / "mini_lora" / "report.html").stat().st_mtime_ns > report
+    assert seed in [r["seed"] for r in json.loads((ws / TARGET).read_text())["runs"]]

@@ -142,3 +142,24 @@ def test_status_follows_a_real_job(slurm_cluster, tmp_path, capsys):
     assert main(["status", str(root), "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["seeds"][0]
     assert row["state"] == "finishing" and row["slurm_state"] == "COMPLETED" and row["elapsed_seconds"] >= 3
+
+
+def test_configured_seed_without_a_folder_is_missing(tmp_path, capsys):
+    """A results/<b> folder of a checkout: the seeds config/benchmarks/<b>.yaml lists are expected."""
+    from workspace import make_workspace
+
+    ws = make_workspace(tmp_path / "ws")
+    results = ws / "results" / "mini_lora"
+    for seed in range(1, 11):
+        if seed != 3:
+            write(results / f"seed_{seed}" / "run.json", {"seed": seed, "minutes": 1.0, "status": "success",
+                                                          "converged": True})
+            write(results / f"seed_{seed}" / "mllog.txt", ":::MLLOG {}\n")
+    assert main(["status", str(results), "--no-slurm"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[:2] for line in out.splitlines() if line.startswith("3 ")] == [["3", "missing"]]
+    assert "10 seeds: 9 done, 1 missing" in out
+    # Before the first run there is no folder at all: every configured seed is missing.
+    assert main(["status", str(ws / "results" / "llama2_lora"), "--no-slurm", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["counts"] == {"missing": 10}

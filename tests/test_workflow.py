@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -197,17 +199,31 @@ def test_second_invocation_runs_nothing(finished):
 
 
 def test_deleted_seed_is_the_only_one_recomputed(finished):
-    ws = finished["ws"]
+    """README's rerun: delete a seed's folder, run the card's explicit target: that seed, the
+    score and the report run again, nothing else (and the default target plans the same)."""
     import shutil
 
-    others = {p: p.stat().st_mtime_ns for p in (ws / "results" / "mini_lora").glob("seed_*/mllog.txt") if "seed_4" not in str(p)}
-    shutil.rmtree(ws / "results" / "mini_lora" / "seed_4")
-    plan = planned_jobs(run_snakemake(ws, *PROFILE, "-n").stdout)
-    assert plan == {"train_seed": 1, "score_seed": 1, "score": 1, "verdict": 1, "report": 1, "final_report": 1,
-                    "all": 1}
-    run_snakemake(ws, *PROFILE)
-    assert (ws / "results" / "mini_lora" / "seed_4" / "mllog.txt").exists()
+    ws = finished["ws"]
+    results = ws / "results" / "mini_lora"
+    others = {p: p.stat().st_mtime_ns for p in results.glob("seed_*/mllog.txt") if "seed_4" not in str(p)}
+    report = (results / "report.html").stat().st_mtime_ns
+    shutil.rmtree(results / "seed_4")
+    status = subprocess.run([sys.executable, "-m", "mlrepro", "status", "results/mini_lora", "--no-slurm"], cwd=ws,
+                            capture_output=True, text=True, timeout=120)
+    assert re.search(r"^4\s+missing\b", status.stdout, flags=re.M), status.stdout
+    assert "10 seeds: 9 done, 1 missing" in status.stdout, status.stdout
+    assert planned_jobs(run_snakemake(ws, *PROFILE, "-n").stdout) == {"train_seed": 1, "score_seed": 1, "score": 1,
+                                                                     "final_report": 1, "all": 1}
+    assert planned_jobs(run_snakemake(ws, *PROFILE, TARGET, "-n").stdout) == {"train_seed": 1, "score_seed": 1,
+                                                                             "score": 1}
+    run_snakemake(ws, *PROFILE, TARGET)
+    assert (results / "seed_4" / "mllog.txt").exists()
     assert {p: p.stat().st_mtime_ns for p in others} == others
+    assert (results / "report.html").stat().st_mtime_ns > report
+    assert 4 in [r["seed"] for r in json.loads((ws / TARGET).read_text())["runs"]]
+    # Back to complete: neither target plans anything.
+    for target in ((TARGET,), ()):
+        assert planned_jobs(run_snakemake(ws, *PROFILE, *target, "-n").stdout) == {}
 
 
 def test_snakemake_report_includes_score_and_plots(finished, tmp_path):

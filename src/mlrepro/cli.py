@@ -16,6 +16,7 @@ COMMANDS = {
     "cluster": ("mlrepro.cluster", "start, stop or show a local Slurm cluster on this machine"),
     "plan": ("mlrepro.plan.cli", "choose TP/PP/CP/DP, batch and recompute for a benchmark or GPT size on a system"),
     "preprocess": ("mlrepro.corpus.preprocess", "tokenize jsonl into Megatron's .bin/.idx (preprocess_data.py's flags)"),
+    "profiles": ("mlrepro.profiles", "install the repository's Snakemake profiles as named ones (--profile local|slurm)"),
 }
 
 

@@ -186,6 +186,8 @@ class Benchmark:
     source: Path
     corpus: str | None = None
     reference: dict | None = None  # reference runs for a benchmark with no published result
+    requires: dict = field(default_factory=dict)
+    min_free_gb: float = 0
 
     def scoring_rules(self):
         """The scoring rules of this benchmark (see mlrepro.scoring)."""
@@ -199,21 +201,31 @@ class Benchmark:
         )
 
 
+def benchmark_names(root: Path) -> list[str]:
+    """Every benchmark that has a config/benchmarks/<name>.yaml."""
+    return sorted(p.stem for p in (Path(root) / "config" / "benchmarks").glob("*.yaml"))
+
+
 @dataclass(frozen=True)
 class Settings:
     root: Path
-    benchmarks: dict[str, Benchmark]
+    benchmarks: dict[str, Benchmark]  # those under `benchmarks:`, the default target
     system: System
     submitter: str
     corpora: dict[str, dict] = field(default_factory=dict)
+    # Any other config/benchmarks/<name>.yaml is loaded (and validated) when first asked for:
+    # a file target names its benchmark, listed or not.
+    _others: dict[str, Benchmark] = field(default_factory=dict, repr=False, compare=False)
 
     def benchmark(self, name: str) -> Benchmark:
-        try:
+        if name in self.benchmarks:
             return self.benchmarks[name]
-        except KeyError:
-            raise ConfigError(
-                f"benchmark '{name}' is not configured (config benchmarks: {', '.join(self.benchmarks)})"
-            ) from None
+        if name not in self._others:
+            if name not in benchmark_names(self.root):
+                raise ConfigError(f"benchmark '{name}': config/benchmarks/{name}.yaml not found "
+                                  f"(known benchmarks: {', '.join(benchmark_names(self.root))})")
+            self._others[name] = load_benchmark(self.root, name)
+        return self._others[name]
 
 
 def load_benchmark(root: Path, name: str) -> Benchmark:
@@ -260,6 +272,8 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         source=path,
         corpus=data.get("corpus"),
         reference=_reference(root, rel, data.get("reference")),
+        requires=data["requires"],
+        min_free_gb=data["min_free_gb"],
     )
 
 

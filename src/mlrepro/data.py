@@ -107,10 +107,11 @@ def _existing_ancestor(path: Path) -> Path:
     return path
 
 
-def check_free_space(path: str | os.PathLike, needed_bytes: int) -> int:
+def check_free_space(path: str | os.PathLike, needed_bytes: int, *, why: str = "") -> int:
     """Raise DataError unless the filesystem holding `path` has `needed_bytes` free.
 
-    `path` need not exist yet (its nearest existing parent is measured).
+    `path` need not exist yet (its nearest existing parent is measured). The message
+    gives both figures in GB (10^9 bytes, as storage guides state them) and `why`.
     Returns the free bytes.
     """
     if needed_bytes < 0:
@@ -119,9 +120,10 @@ def check_free_space(path: str | os.PathLike, needed_bytes: int) -> int:
     free = shutil.disk_usage(where).free
     if free < needed_bytes:
         raise DataError(
-            f"not enough free disk space for {path}: need {needed_bytes / GIB:,.1f} GiB, "
-            f"only {free / GIB:,.1f} GiB free on the filesystem of {where}. "
-            f"Free some space or point the data directory at a larger filesystem."
+            f"not enough free disk space for {path}: need {needed_bytes / 1e9:,.1f} GB, "
+            f"only {free / 1e9:,.1f} GB free on the filesystem of {where}"
+            + (f" ({why})" if why else "")
+            + ". Free some space or point the data directory at a larger filesystem."
         )
     return free
 

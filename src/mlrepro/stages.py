@@ -67,14 +67,17 @@ def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out
     if spec is None:
         raise mlrepro_config.ConfigError(f"{bench.source}: {stage}: not configured")
     # Everything that can fail without downloading fails first.
-    if spec["needs_token"]:
-        data.require_token("HF_TOKEN", purpose=f"the {benchmark} {stage}")
+    # A script in a container gets the token by name only (`--env HF_TOKEN`): its value stays
+    # in the environment, off every command line and, redacted, out of every log.
+    token_env = {TOKEN_ENV: data.require_token(TOKEN_ENV, purpose=f"the {benchmark} {stage}")} \
+        if spec["needs_token"] else {}
     impl = launch.implementation_config(bench, settings.system).path.parent
     mounts_csv = impl / "expected-mounts.csv"
     expected = data.read_expected_mounts(mounts_csv) if mounts_csv.is_file() else []
     # Absolute: the implementation's scripts run from its own folder (or in a container).
     folder = out.resolve().parent
-    data.check_free_space(folder.parent, int(spec["min_free_gb"] * 2**30))
+    needed, why = space_needed(settings.root, bench, stage)
+    data.check_free_space(folder.parent, needed, why=why)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
     record: dict = {"benchmark": benchmark, "stage": stage, "sources": spec["sources"]}
@@ -92,7 +95,7 @@ def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out
                 where.mkdir(parents=True, exist_ok=True)
                 checked = where
                 if "script" in source:
-                    _run_script(source, impl, where, image, log_path, bench.env)
+                    _run_script(source, impl, where, image, log_path, {**bench.env, **token_env})
                 elif "hub" in source:
                     hub = source["hub"]
                     data.hub_download(hub["repo_id"], where, repo_type=hub["repo_type"], revision=hub.get("revision"),
@@ -116,6 +119,41 @@ def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out
         total = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
         # Hashing a 140 GB checkpoint would take longer than downloading it; sizes are checked.
         data.write_manifest(partial, partial / out.name, extra=record, hash=total < 2**30, final_root=folder)
+
+
+TOKEN_ENV = "HF_TOKEN"
+GB = 10**9
+
+
+def _bytes_under(*folders: Path) -> int:
+    return sum(f.stat().st_size for folder in folders if folder.is_dir() for f in folder.rglob("*") if f.is_file())
+
+
+def space_needed(root: Path, bench: mlrepro_config.Benchmark, stage: str) -> tuple[int, str]:
+    """Free bytes the stage needs before it starts, and why (NVIDIA's figures, in the benchmark's config).
+
+    The benchmark's min_free_gb covers the dataset and the checkpoint together; the stage's own
+    covers itself. What resources/<benchmark>/ already holds (a finished stage, a partial download)
+    counts as had, and a stage used in place (user_path sources only) writes nothing here.
+    """
+    def in_place(spec) -> bool:
+        return all("user_path" in source for source in spec["sources"])
+
+    spec = getattr(bench, stage)
+    if in_place(spec):
+        return 0, f"{stage} is used in place"
+    folders = {name: launch.stage_folder(root, bench.name, name) for name in launch.STAGE_FOLDERS}
+    held = {name: _bytes_under(f, f.parent / f".{f.name}.partial") for name, f in folders.items()}
+    others_in_place = sum(getattr(bench, name)["min_free_gb"] for name in folders
+                          if getattr(bench, name) and in_place(getattr(bench, name)))
+    total = bench.min_free_gb * GB - sum(held.values()) - others_in_place * GB
+    own = spec["min_free_gb"] * GB - held[stage]
+    why = [f"{bench.name} needs {bench.min_free_gb:g} GB for its dataset and checkpoint together"
+           + (f", {others_in_place:g} GB of it used in place" if others_in_place else "")
+           + f"; resources/{bench.name}/ holds {sum(held.values()) / GB:,.1f} GB of it"] if bench.min_free_gb else []
+    if spec["min_free_gb"]:
+        why.append(f"the {stage} alone needs {spec['min_free_gb']:g} GB, {held[stage] / GB:,.1f} GB of it there")
+    return max(0, int(total), int(own)), "; ".join(why)
 
 
 def _user_folder(source: dict) -> Path:
@@ -187,12 +225,17 @@ def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path)
     atomic_write_json(out, run)
 
 
-def score(settings, benchmark: str, run_files: list[Path], mllogs: list[Path], out: Path) -> None:
+def score(settings, benchmark: str, run_files: list[Path], mllogs: list[Path], out: Path, *,
+          reference_file: Path, container_file: Path, verdict_out: Path, distribution: Path,
+          report_html: Path, plot_dir: Path) -> None:
+    """score.json of the seeds' runs, its verdict against the reference, and the report that shows both."""
     from mlrepro import scoring
 
     runs = [json.loads(Path(p).read_text()) for p in run_files]
     result = scoring.score_runs(mllogs, settings.benchmark(benchmark).scoring_rules(), runs=runs)
     atomic_write_json(out, result)
+    verdict(settings, benchmark, out, reference_file, container_file, verdict_out, distribution)
+    report(settings, benchmark, out, mllogs, report_html, plot_dir, verdict_out)
 
 
 def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path, plot_dir: Path,
@@ -321,8 +364,22 @@ def _logging_to(path: Path | None):
         raise
 
 
+def _host_python_first() -> None:
+    """Put this interpreter's folder first on PATH, for every child that runs on the host.
+
+    The implementations' scripts call `python3` (run_and_time.sh, download_*.py, run.sub's
+    checker); on a host without containers that must be the environment mlrepro runs in
+    (the project's .venv), also when it was not activated (`.venv/bin/python -m snakemake`).
+    """
+    here = os.path.dirname(sys.executable)  # not resolved: a venv's python is a link out of it
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != here:
+        os.environ["PATH"] = here + os.pathsep + path if path else here
+
+
 def run_from_snakemake(smk) -> None:
     private_umask()
+    _host_python_first()
     settings = mlrepro_config.load(smk.config, Path.cwd())
     wc = smk.wildcards
     rule = smk.rule
@@ -335,12 +392,11 @@ def run_from_snakemake(smk) -> None:
         "base_checkpoint": lambda: base_checkpoint(settings, wc.benchmark, out, log_path),
         "train_seed": lambda: train_seed(settings, wc.benchmark, int(wc.seed), out, log_path),
         "score_seed": lambda: score_seed(settings, wc.benchmark, int(wc.seed), Path(smk.input[0]), out),
-        "score": lambda: score(settings, wc.benchmark, list(map(Path, smk.input.runs)), list(map(Path, smk.input.mllogs)), out),
-        "report": lambda: report(settings, wc.benchmark, Path(smk.input.score), list(map(Path, smk.input.mllogs)), out,
-                                 Path(smk.output.convergence).parent, Path(smk.input.verdict)),
+        "score": lambda: score(settings, wc.benchmark, list(map(Path, smk.input.runs)), list(map(Path, smk.input.mllogs)), out,
+                               reference_file=Path(smk.input.reference), container_file=Path(smk.input.container),
+                               verdict_out=Path(smk.output.verdict), distribution=Path(smk.output.distribution),
+                               report_html=Path(smk.output.html), plot_dir=Path(smk.output.convergence).parent),
         "reference": lambda: reference(settings, wc.benchmark, out),
-        "verdict": lambda: verdict(settings, wc.benchmark, Path(smk.input.score), Path(smk.input.reference),
-                                   Path(smk.input.container), out, Path(smk.output.distribution)),
         "final_report": lambda: final_report(settings, list(map(Path, smk.input.verdicts)), out, Path(smk.output.csv),
                                              Path(smk.output.json)),
         "submission": lambda: submission(settings, wc.benchmark, Path(smk.input.score), list(map(Path, smk.input.mllogs)), out),

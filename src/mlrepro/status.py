@@ -163,12 +163,25 @@ def benchmark_status(benchmark_dir: Path, seeds: Iterable[int] | None = None,
                      job_info: Callable[[str], slurm.JobInfo] | None = None) -> list[SeedStatus]:
     """Every seed's status: the seed folders found plus any expected `seeds` without one."""
     found = {}
-    for child in benchmark_dir.iterdir():
+    for child in (benchmark_dir.iterdir() if benchmark_dir.is_dir() else ()):
         m = SEED_DIR.match(child.name)
         if m and child.is_dir():
             found[int(m.group(1))] = child
     wanted = sorted(set(found) | set(seeds or ()))
     return [seed_status(s, found.get(s, benchmark_dir / f"seed_{s}"), job_info) for s in wanted]
+
+
+def configured_seeds(benchmark_dir: Path) -> list[int] | None:
+    """The seeds that config/benchmarks/<name>.yaml configures, for a results/<name> folder of a checkout."""
+    from mlrepro import config
+
+    root = benchmark_dir.resolve().parent.parent
+    if not (root / "config" / "benchmarks" / f"{benchmark_dir.name}.yaml").is_file():
+        return None
+    try:
+        return list(config.load_benchmark(root, benchmark_dir.name).seeds)
+    except config.ConfigError:
+        return None  # the workflow reports it; status still shows the folders
 
 
 def _format_elapsed(seconds: float | None) -> str:
@@ -200,7 +213,8 @@ def summary(rows: list[SeedStatus]) -> dict[str, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("benchmark_dir", type=Path, help="a results/<benchmark> folder")
-    parser.add_argument("--seeds", help="seeds expected (e.g. 1-10): those without a folder show as missing")
+    parser.add_argument("--seeds", help="seeds expected (e.g. 1-10; default: those config/benchmarks/<name>.yaml "
+                                        "configures): those without a folder show as missing")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--no-slurm", action="store_true", help="read only the seed folders; do not ask Slurm")
     parser.add_argument("--status-command", choices=("sacct", "squeue"), default="sacct",
@@ -209,13 +223,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     folder: Path = args.benchmark_dir
-    if not folder.is_dir():
-        print(f"mlrepro status: {folder} is not a folder (expected results/<benchmark>)", file=sys.stderr)
-        return 2
     try:
-        seeds = parse_seeds(args.seeds) if args.seeds else None
+        seeds = parse_seeds(args.seeds) if args.seeds else configured_seeds(folder)
     except ValueError as exc:
         print(f"mlrepro status: {exc}", file=sys.stderr)
+        return 2
+    if not folder.is_dir() and seeds is None:
+        print(f"mlrepro status: {folder} is not a folder (expected results/<benchmark>)", file=sys.stderr)
         return 2
     job_info = None if args.no_slurm else (lambda job_id: slurm.job_info(job_id,
                                                                             status_command=args.status_command))

@@ -2,6 +2,7 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro import launch
+from mlrepro import systems as mlrepro_systems
 from mlrepro.fsutil import private_umask
 
 
@@ -24,27 +25,41 @@ for _folder in (".snakemake", "results", "resources", "logs"):
         pass  # absent yet (created under the umask), or another user's
 
 
+def config_error(error):
+    return WorkflowError(f"mlrepro configuration error:\n{error}")
+
+
 # Validation happens at parse time, so a bad key stops `snakemake` (and `-n`) before any job.
 try:
     SETTINGS = mlrepro_config.load(config, workflow.basedir)
 except mlrepro_config.ConfigError as error:
-    raise WorkflowError(f"mlrepro configuration error:\n{error}") from None
+    raise config_error(error) from None
 SYSTEM = SETTINGS.system
 
 
-def check_implementation_configs():
-    """Fail before the DAG with a plain message when a benchmark has no config for this system."""
-    for name, bench in SETTINGS.benchmarks.items():
-        if implementation_fetched(name):
-            try:
-                launch.implementation_config(bench, SYSTEM)
-            except mlrepro_config.ConfigError as error:
-                raise WorkflowError(f"mlrepro configuration error:\n{error}") from None
-
-
+# Every config/benchmarks/<name>.yaml can be asked for by file target; `benchmarks:` in
+# config.yaml is only what the default target reproduces.
 wildcard_constraints:
-    benchmark="|".join(SETTINGS.benchmarks),
+    benchmark="|".join(mlrepro_config.benchmark_names(SETTINGS.root)) or "(?!)",
     seed=r"\d+",
+
+
+_CHECKED = {}
+
+
+def bench(name):
+    """The benchmark, once the chosen system is known to run it (see mlrepro.systems).
+
+    Every input function goes through here, so a benchmark the system cannot run stops the
+    DAG before any job, with one message; it is checked again once the implementation is fetched.
+    """
+    try:
+        key = (name, mlrepro_systems.implementation_known(SETTINGS.root, SETTINGS.benchmark(name)))
+        if key not in _CHECKED:
+            _CHECKED[key] = mlrepro_systems.check(SETTINGS, name)
+    except mlrepro_config.ConfigError as error:
+        raise config_error(error) from None
+    return _CHECKED[key]
 
 
 def slurm_resources():
@@ -53,13 +68,28 @@ def slurm_resources():
     return {key: value for key, value in named.items() if value}
 
 
-def seeds(benchmark):
-    return SETTINGS.benchmark(benchmark).seeds
-
-
 def seed_files(name):
     """Input helper: one file per configured seed of the benchmark, e.g. seed_files("mllog.txt")."""
-    return lambda wc: [f"results/{wc.benchmark}/seed_{s}/{name}" for s in seeds(wc.benchmark)]
+    return lambda wc: [f"results/{wc.benchmark}/seed_{s}/{name}" for s in bench(wc.benchmark).seeds]
+
+
+def seed_results(wc):
+    """Input of the score: every seed's run.json and mllog.txt.
+
+    Snakemake does not rebuild a missing intermediate of an up-to-date target, so a seed
+    deleted to redo it would go unnoticed by `snakemake results/<b>/score.json`. When a
+    seed's file is missing while the score exists, the folder it was deleted from (whose
+    mtime the deletion set) is an input too: it is newer than the score, so the score is
+    redone, and with it exactly the missing seeds. Once they are back it is not an input.
+    """
+    files = {name: seed_files(name)(wc) for name in ("run.json", "mllog.txt")}
+    if Path(f"results/{wc.benchmark}/score.json").exists():
+        for path in map(Path, files["run.json"] + files["mllog.txt"]):
+            if not path.exists():
+                folder = next((p for p in path.parents if p.is_dir()), None)
+                if folder is not None and folder != Path(".") and str(folder) not in files.setdefault("deleted", []):
+                    files["deleted"].append(str(folder))
+    return {"runs": files["run.json"], "mllogs": files["mllog.txt"], "deleted": files.get("deleted", [])}
 
 
 def seed_plan(wc, attribute):
@@ -68,28 +98,16 @@ def seed_plan(wc, attribute):
     Until a git implementation is fetched its configs are unknown: Snakemake asks before the
     checkpoint has run, gets a placeholder, and asks again once it has.
     """
-    if not implementation_fetched(wc.benchmark):
+    if not mlrepro_systems.implementation_known(SETTINGS.root, bench(wc.benchmark)):
         return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
                 "local_mem_mb": 100, "walltime_minutes": 60}[attribute]
     value = getattr(launch.plan_seed(SETTINGS, wc.benchmark, int(wc.seed)), attribute)
     return value() if callable(value) else value
 
 
-def implementation_fetched(benchmark):
-    bench = SETTINGS.benchmark(benchmark)
-    return bench.implementation_git is None or Path(f"resources/{benchmark}/implementation.json").exists()
-
-
-check_implementation_configs()
-
-
 def all_targets():
-    # The seeds' own results are listed too: Snakemake does not rerun an up-to-date score
-    # because an intermediate file went missing, but it does rebuild a missing target.
-    # So deleting a seed's folder and running the default target redoes that seed only.
     targets = []
-    for name, bench in SETTINGS.benchmarks.items():
-        targets += [f"results/{name}/seed_{s}/run.json" for s in bench.seeds]
+    for name in SETTINGS.benchmarks:
         targets += [f"results/{name}/score.json", f"results/{name}/report.html"]
         if SETTINGS.benchmark(name).mlperf_benchmark:
             targets.append(f"results/{name}/submission")
@@ -98,14 +116,14 @@ def all_targets():
 
 def implementation_ready(wc):
     """Input helper: the fetched implementation of a git benchmark (nothing for a local folder)."""
-    if SETTINGS.benchmark(wc.benchmark).implementation_git is None:
+    if bench(wc.benchmark).implementation_git is None:
         return []
     return checkpoints.implementation.get(benchmark=wc.benchmark).output
 
 
 def reference_runs(wc):
     """Input helper: the shipped reference runs of a benchmark that has them."""
-    ref = SETTINGS.benchmark(wc.benchmark).reference
+    ref = bench(wc.benchmark).reference
     return sorted(str(p) for p in ref["runs"].iterdir() if p.is_file()) if ref else []
 
 
@@ -119,5 +137,5 @@ def implementation_files(wc):
     from mlrepro import container
 
     ready = implementation_ready(wc)
-    folder = launch.implementation_config(SETTINGS.benchmark(wc.benchmark), SYSTEM).path.parent
+    folder = launch.implementation_config(bench(wc.benchmark), SYSTEM).path.parent
     return ready + [str(folder / p) for p in container.context_files(folder)]

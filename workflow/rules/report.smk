@@ -1,20 +1,5 @@
-rule report:
-    input:
-        score="results/{benchmark}/score.json",
-        mllogs=seed_files("mllog.txt"),
-        verdict="results/{benchmark}/verdict.json",
-    output:
-        html=report("results/{benchmark}/report.html", caption="../report/report.rst", category="Report"),
-        convergence=report("results/{benchmark}/plots/convergence.svg", caption="../report/convergence.rst", category="Plots"),
-        time_to_train=report("results/{benchmark}/plots/time_to_train.svg", caption="../report/time_to_train.rst", category="Plots"),
-    log:
-        "logs/{benchmark}/report.log",
-    localrule: True
-    script:
-        "../scripts/stage.py"
-
-
-# Only benchmarks with an MLPerf ruleset have a submission package (see all_targets).
+# The report itself (with the verdict) is written by the score rule (score.smk). Only benchmarks
+# with an MLPerf ruleset have a submission package (see all_targets).
 rule submission:
     input:
         score="results/{benchmark}/score.json",
@@ -38,21 +23,6 @@ rule reference:
         "results/{benchmark}/reference.json",
     log:
         "logs/{benchmark}/reference.log",
-    localrule: True
-    script:
-        "../scripts/stage.py"
-
-
-rule verdict:
-    input:
-        score="results/{benchmark}/score.json",
-        reference="results/{benchmark}/reference.json",
-        container=ancient("results/{benchmark}/container.json"),
-    output:
-        verdict="results/{benchmark}/verdict.json",
-        distribution=report("results/{benchmark}/plots/distribution.svg", caption="../report/distribution.rst", category="Plots"),
-    log:
-        "logs/{benchmark}/verdict.log",
     localrule: True
     script:
         "../scripts/stage.py"

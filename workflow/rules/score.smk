@@ -10,12 +10,21 @@ rule score_seed:
         "../scripts/stage.py"
 
 
+# The score, its verdict against the reference and its report are one job, so that the card's
+# target (score.json) also brings the report up to date; seed_results notices a seed deleted to
+# be redone.
 rule score:
     input:
-        runs=seed_files("run.json"),
-        mllogs=seed_files("mllog.txt"),
+        unpack(seed_results),
+        reference="results/{benchmark}/reference.json",
+        container=container_ready,
     output:
-        report("results/{benchmark}/score.json", caption="../report/score.rst", category="Score"),
+        score=report("results/{benchmark}/score.json", caption="../report/score.rst", category="Score"),
+        verdict="results/{benchmark}/verdict.json",
+        distribution=report("results/{benchmark}/plots/distribution.svg", caption="../report/distribution.rst", category="Plots"),
+        html=report("results/{benchmark}/report.html", caption="../report/report.rst", category="Report"),
+        convergence=report("results/{benchmark}/plots/convergence.svg", caption="../report/convergence.rst", category="Plots"),
+        time_to_train=report("results/{benchmark}/plots/time_to_train.svg", caption="../report/time_to_train.rst", category="Plots"),
     log:
         "logs/{benchmark}/score.log",
     localrule: True

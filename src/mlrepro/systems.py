@@ -1,0 +1,80 @@
+"""Which systems can run a benchmark, decided before any job starts.
+
+A benchmark's `requires:` (scheduler, container runtime, GPUs) is known before its
+implementation is fetched; once it is (and always for a local folder), one of its
+config_<SYS>.sh files must also fit the system (launch.implementation_config). A benchmark
+asked of a system that cannot run it is refused with one message that names both and the
+`--config system=<name>` values under config/systems/ that would fit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlrepro import config as mlrepro_config
+from mlrepro.config import Benchmark, ConfigError, Settings, System
+
+
+def implementation_known(root: Path, bench: Benchmark) -> bool:
+    """A local implementation folder is always known; a git one once it is fetched."""
+    return bench.implementation_git is None or (Path(root) / "resources" / bench.name / "implementation.json").exists()
+
+
+def gpus(system: System) -> int:
+    """GPUs one run can use: none on a local system that computes on the CPU."""
+    if system.scheduler == "local" and system.device == "cpu":
+        return 0
+    return system.nodes * system.gpus_per_node
+
+
+def unmet(bench: Benchmark, system: System, *, with_implementation: bool) -> list[str]:
+    """What `system` lacks to run `bench`; empty when it fits."""
+    req = bench.requires
+    missing = []
+    if "scheduler" in req and system.scheduler not in req["scheduler"]:
+        missing.append(f"it needs scheduler {' or '.join(req['scheduler'])} ({system.name} has {system.scheduler})")
+    if "container_runtime" in req and system.container_runtime not in req["container_runtime"]:
+        missing.append(f"it needs container runtime {' or '.join(req['container_runtime'])} "
+                       f"({system.name} has {system.container_runtime})")
+    if "gpus" in req and gpus(system) < req["gpus"]:
+        have = "none, CPU only" if gpus(system) == 0 else f"{system.nodes} x {system.gpus_per_node}"
+        missing.append(f"it needs at least {req['gpus']} GPUs ({system.name} has {have})")
+    if with_implementation:
+        from mlrepro import launch
+
+        try:
+            launch.implementation_config(bench, system)
+        except ConfigError as exc:
+            missing.append(str(exc).removeprefix(f"{bench.name} on system {system.name}: "))
+    return missing
+
+
+def fitting_systems(root: Path, bench: Benchmark, *, with_implementation: bool) -> list[str]:
+    """Names of the valid config/systems/*.yaml that can run `bench`."""
+    names = []
+    for path in sorted((Path(root) / "config" / "systems").glob("*.yaml")):
+        try:
+            system = mlrepro_config.load_system(Path(root), path.stem)
+        except ConfigError:
+            continue  # an unrelated broken system file is reported when it is used
+        if not unmet(bench, system, with_implementation=with_implementation):
+            names.append(path.stem)
+    return names
+
+
+def check(settings: Settings, name: str) -> Benchmark:
+    """The benchmark, if the chosen system can run it; else ConfigError with the systems that can."""
+    bench = settings.benchmark(name)
+    known = implementation_known(settings.root, bench)
+    missing = unmet(bench, settings.system, with_implementation=known)
+    if not missing:
+        return bench
+    system = settings.system
+    fits = fitting_systems(settings.root, bench, with_implementation=known)
+    if fits:
+        advice = "Systems that fit: " + ", ".join(f"--config system={n}" for n in fits)
+    else:
+        advice = ("No system under config/systems/ fits: add config/systems/<name>.yaml for one that does "
+                  "and pick it with --config system=<name>")
+    raise ConfigError(f"{name} cannot run on system '{system.name}' (config/systems/{system.name}.yaml): "
+                      f"{'; '.join(m.rstrip('.') for m in missing)}.\n{advice}.")

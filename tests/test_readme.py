@@ -1,0 +1,116 @@
+"""Issue 8, point 3: every shell command README.md shows runs, in the order it shows them.
+
+The commands are the lines of README's ```bash blocks. Documented placeholders are
+substituted; a run that would take long is a dry run instead (`snakemake -n`, `make -n`).
+The environment is the README's: the project's venv activated (its bin first on PATH) and
+the named profiles installed by the set-up (in a private XDG_CONFIG_HOME). A README that
+shows a command that does not run, or a placeholder this test does not know, fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import logs_factory
+from workspace import REPO, make_workspace
+
+pytestmark = pytest.mark.slow
+
+COMMAND_WORDS = ("snakemake", "mlrepro", "make", "python", "sudo", "export", "source", "rm", "cp", "pip")
+
+
+def readme_commands(text: str) -> list[str]:
+    """The command lines of the ```bash blocks, continuation lines joined."""
+    commands = []
+    for block in re.findall(r"^\s*```bash\n(.*?)^\s*```", text, flags=re.M | re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.strip().startswith("#"):
+                commands.append(line.strip())
+    return commands
+
+
+def inline_commands(text: str) -> list[str]:
+    """Inline code spans outside the blocks that look like whole commands."""
+    prose = re.sub(r"^\s*```.*?^\s*```", "", text, flags=re.M | re.S)
+    return [span for span in re.findall(r"`([^`\n]+)`", prose)
+            if span.split()[0] in COMMAND_WORDS and len(span.split()) > 1]
+
+
+def test_readme_shows_commands_only_where_they_are_run():
+    text = (REPO / "README.md").read_text()
+    commands = readme_commands(text)
+    assert len(commands) >= 15
+    shown = " \n ".join(commands)
+    untested = [span for span in inline_commands(text) if span not in shown]
+    assert untested == [], f"commands in README's prose that no block shows (and no test runs): {untested}"
+    for command in commands:
+        words = shlex.split(command, comments=True)
+        if words[0] == "snakemake" and "--config" in words:
+            after = words[words.index("--config") + 1:]
+            assert not any(w.startswith(("results/", "resources/")) for w in after), \
+                f"a file target after --config is read as a config entry: {command}"
+
+
+def as_run(command: str, placeholders: dict[str, str]) -> str:
+    for placeholder, value in placeholders.items():
+        command = command.replace(placeholder, value)
+    left = re.findall(r"<[^>]+>", command.split("#")[0])
+    assert not left, f"README placeholder(s) {left} that this test does not know: {command}"
+    words = shlex.split(command, comments=True)
+    if words[0] == "snakemake" and "-n" not in words and "--unlock" not in words:
+        words.insert(1, "-n")  # a real run takes minutes to hours: the plan instead
+    elif words[0] == "make":
+        words.insert(1, "-n")  # installs and runs everything: what it would do instead
+    elif words[:3] == ["mlrepro", "cluster", "status"] and shutil.which("sinfo") is None:
+        words = ["mlrepro", "cluster", "--help"]  # no Slurm on this machine to ask
+    return shlex.join(words)
+
+
+def test_every_readme_command_runs(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    for name in ("Makefile", "pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, ws / name)
+    shutil.copytree(REPO / "tests", ws / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    (ws / ".venv").symlink_to(Path(sys.prefix))  # the project's venv: the one running the tests
+    logs = tmp_path / "nvidia-logs"
+    logs_factory.write_runs(logs, logs_factory.ten_runs())
+    (tmp_path / "405b").mkdir()
+    placeholders = {
+        "<benchmark>": "mini_lora",
+        "<name>": "local-slurm",
+        "<your Hugging Face token>": "hf_readme_test_token_000000",
+        "path/to/logs": str(logs),
+        "/path/holding/405b": str(tmp_path / "405b"),
+        # a checkout of mlcommons/training_results_v5.0: the sample tree the scoring tests use
+        "mlrepro score training_results_v5.0": f"mlrepro score {REPO / 'tests' / 'fixtures' / 'mlperf_v5_sample'}",
+    }
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "VIRTUAL_ENV": sys.prefix, "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "PYTHONUNBUFFERED": "1"}
+    # The set-up (`make mini` / `make test`) installs the named profiles; the make commands below are dry runs.
+    setup = subprocess.run([sys.executable, "-m", "mlrepro", "profiles", "install"], cwd=ws, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert setup.returncode == 0, setup.stderr
+
+    ran = []
+    for command in readme_commands((REPO / "README.md").read_text()):
+        run = as_run(command, placeholders)
+        words = shlex.split(run)
+        if words[:2] == ["rm", "-r"]:
+            for path in words[2:]:  # the state the README's example starts from
+                (ws / path).mkdir(parents=True, exist_ok=True)
+        if words[:3] == ["python", "-m", "pytest"]:
+            run = shlex.join([*words, "--collect-only", "-q"])  # the suite itself is what CI runs
+        proc = subprocess.run(["bash", "-c", run], cwd=ws, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"README command failed: {command}\n(ran: {run})\n" \
+                                     f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        ran.append(run)
+    assert any(r.startswith("snakemake -n --profile slurm results/llama2_lora/score.json") for r in ran), ran
+    assert (ws / "score.json").is_file(), "mlrepro score --json wrote nothing"
