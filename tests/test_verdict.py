@@ -227,13 +227,12 @@ def workspace(tmp_path_factory):
             stages.score_seed(settings, name, i + 1, mllog, mllog.parent / "run.json")
             runs.append(mllog.parent / "run.json")
             mllogs.append(mllog)
-        stages.score(settings, name, runs, mllogs, out / "score.json")
         (out / "container.json").write_text(json.dumps({"runtime": "enroot", "tag": "mlrepro/llama2_lora:nyx",
                                                         "image_id": "sha256:0123"}))
-        stages.verdict(settings, name, out / "score.json", out / "reference.json", out / "container.json",
-                       out / "verdict.json", out / "plots" / "distribution.svg")
-        stages.report(settings, name, out / "score.json", mllogs, out / "report.html", out / "plots",
-                      out / "verdict.json")
+        stages.score(settings, name, runs, mllogs, out / "score.json", reference_file=out / "reference.json",
+                     container_file=out / "container.json", verdict_out=out / "verdict.json",
+                     distribution=out / "plots" / "distribution.svg", report_html=out / "report.html",
+                     plot_dir=out / "plots")
     stages.final_report(settings, [results / n / "verdict.json" for n in settings.benchmarks],
                         results / "report.html", results / "summary.csv", results / "summary.json")
     return ws
