@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +29,13 @@ def slurm_cluster():
             pytest.fail(message)
         pytest.skip(message)
     return proc
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of the repository's config/, schemas and the mini_lora implementation, to corrupt freely."""
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "config", tmp_path / "config")
+    shutil.copytree(repo / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
+    shutil.copytree(repo / "implementations" / "mini_lora", tmp_path / "implementations" / "mini_lora")
+    return tmp_path

@@ -11,13 +11,6 @@ from mlrepro import config
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def tree(tmp_path):
-    """A copy of the repository's config/, schemas and the mini_lora implementation, to corrupt freely."""
-    shutil.copytree(REPO / "config", tmp_path / "config")
-    shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
-    shutil.copytree(REPO / "implementations" / "mini_lora", tmp_path / "implementations" / "mini_lora")
-    return tmp_path
 
 
 def edit(path: Path, **changes):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,6 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = Path("config") / "benchmarks" / "mini_lora.yaml"
 
 
-@pytest.fixture
-def tree(tmp_path):
-    shutil.copytree(REPO / "config", tmp_path / "config")
-    shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "workflow" / "schemas")
-    shutil.copytree(REPO / "implementations" / "mini_lora", tmp_path / "implementations" / "mini_lora")
-    return tmp_path
 
 
 def base_config():

@@ -9,6 +9,7 @@ shows a command that does not run, or a placeholder this test does not know, fai
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import logs_factory
+from mlrepro.corpus import minicorpus
 from workspace import REPO, make_workspace
 
 pytestmark = pytest.mark.slow
@@ -83,12 +85,18 @@ def test_every_readme_command_runs(tmp_path):
     logs = tmp_path / "nvidia-logs"
     logs_factory.write_runs(logs, logs_factory.ten_runs())
     (tmp_path / "405b").mkdir()
+    vocab, merges = minicorpus.train_gpt2_bpe(minicorpus.documents(300, seed=1), tmp_path / "tokenizer", vocab_size=500)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in minicorpus.documents(50)))
     placeholders = {
         "<benchmark>": "mini_lora",
         "<name>": "local-slurm",
         "<your Hugging Face token>": "hf_readme_test_token_000000",
         "path/to/logs": str(logs),
         "/path/holding/405b": str(tmp_path / "405b"),
+        "<corpus.jsonl>": str(corpus),
+        "<vocab.json>": str(vocab),
+        "<merges.txt>": str(merges),
         # a checkout of mlcommons/training_results_v5.0: the sample tree the scoring tests use
         "mlrepro score training_results_v5.0": f"mlrepro score {REPO / 'tests' / 'fixtures' / 'mlperf_v5_sample'}",
     }
@@ -114,3 +122,4 @@ def test_every_readme_command_runs(tmp_path):
         ran.append(run)
     assert any(r.startswith("snakemake -n --profile slurm results/llama2_lora/score.json") for r in ran), ran
     assert (ws / "score.json").is_file(), "mlrepro score --json wrote nothing"
+    assert (ws / "corpus_text_document.idx").is_file(), "mlrepro preprocess wrote nothing"

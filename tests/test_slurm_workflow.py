@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mlrepro import launch, slurm
-from workspace import make_workspace, run_snakemake, snakemake_cmd
+from workspace import make_workspace, run_snakemake, snakemake_cmd, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -46,17 +46,6 @@ def read_job(ws: Path, seed: int) -> dict | None:
     except (FileNotFoundError, ValueError):
         return None
 
-
-def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"snakemake ended ({proc.returncode}) before {what}:\n{proc.stdout.read()[-5000:]}")
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from mlrepro import launch
-from workspace import REPO, make_workspace, run_snakemake, snakemake_cmd
+from workspace import REPO, make_workspace, run_snakemake, snakemake_cmd, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -151,17 +151,6 @@ def node_usable() -> bool:
                            timeout=30).stdout.strip()
     return bool(state) and not any(bad in state for bad in ("down", "drain", "fail", "not_responding"))
 
-
-def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"snakemake ended ({proc.returncode}) before {what}:\n{proc.stdout.read()[-5000:]}")
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,10 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ("Snakefile", "workflow", "config", "profiles", "implementations")
@@ -54,3 +57,16 @@ def planned_jobs(output: str) -> dict[str, int]:
             elif parts and not set(line.strip()) <= {"-", " "}:
                 in_table = False
     return counts
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    """predicate()'s first truthy value within `timeout` s; fails the test if `proc` (snakemake) ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"snakemake ended ({proc.returncode}) before {what}:\n{proc.stdout.read()[-5000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}")

@@ -228,12 +228,18 @@ class Settings:
         return self._others[name]
 
 
-def load_benchmark(root: Path, name: str) -> Benchmark:
-    path = root / "config" / "benchmarks" / f"{name}.yaml"
+def _load_named(root: Path, folder: str, schema: str, name: str) -> tuple[dict, Path]:
+    """config/<folder>/<name>.yaml validated against its schema, whose `name` must be the file's."""
+    path = root / "config" / folder / f"{name}.yaml"
     rel = path.relative_to(root) if path.is_relative_to(root) else path
-    data = validate(load_yaml(path), "benchmark", str(rel), root)
+    data = validate(load_yaml(path), schema, str(rel), root)
     if data["name"] != name:
         raise ConfigError(f"{rel}: name: '{data['name']}' does not match the file name '{name}'")
+    return data, rel
+
+
+def load_benchmark(root: Path, name: str) -> Benchmark:
+    data, rel = _load_named(root, "benchmarks", "benchmark", name)
     impl = data["implementation"]
     if "path" in impl:
         impl_dir = Path(impl["path"])
@@ -269,7 +275,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         checkpoint=data.get("checkpoint"),
         run_env=data["run_env"],
         env={k: str(v) for k, v in data["env"].items()},
-        source=path,
+        source=root / rel,
         corpus=data.get("corpus"),
         reference=_reference(root, rel, data.get("reference")),
         requires=data["requires"],
@@ -316,12 +322,7 @@ def load_system(root: Path, name: str) -> System:
 
 def load_corpus(root: Path, name: str) -> dict:
     """config/corpora/<name>.yaml, validated, defaults filled (see mlrepro.corpus)."""
-    path = root / "config" / "corpora" / f"{name}.yaml"
-    rel = path.relative_to(root) if path.is_relative_to(root) else path
-    data = validate(load_yaml(path), "corpus", str(rel), root)
-    if data["name"] != name:
-        raise ConfigError(f"{rel}: name: '{data['name']}' does not match the file name '{name}'")
-    return data
+    return _load_named(root, "corpora", "corpus", name)[0]
 
 
 def load(config: dict, root: str | Path) -> Settings:
