@@ -349,7 +349,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 @contextlib.contextmanager
-def _logging_to(path: Path | None):
+def stage_process(path: Path | None):
+    """What every stage script runs inside (mlrepro.stages and mlrepro.corpus.stages alike): a
+    private umask, this interpreter first on PATH, and logging to `path` with secrets redacted."""
+    private_umask()
+    _host_python_first()
     handlers = [logging.StreamHandler(sys.stderr)]
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -378,8 +382,6 @@ def _host_python_first() -> None:
 
 
 def run_from_snakemake(smk) -> None:
-    private_umask()
-    _host_python_first()
     settings = mlrepro_config.load(smk.config, Path.cwd())
     wc = smk.wildcards
     rule = smk.rule
@@ -403,7 +405,7 @@ def run_from_snakemake(smk) -> None:
     }
     # The download and training stages own their log file (the child's output goes there).
     own_log = None if rule in ("dataset", "base_checkpoint", "train_seed") else log_path
-    with _logging_to(own_log):
+    with stage_process(own_log):
         try:
             calls[rule]()
         except (launch.SeedFailed, mlrepro_config.ConfigError, *_user_errors()) as exc:

@@ -157,7 +157,7 @@ def write_blend(corpus: dict, bins: list[Path], out: Path) -> None:
 
 def run_from_snakemake(smk) -> None:
     from mlrepro import config as mlrepro_config
-    from mlrepro.stages import _logging_to
+    from mlrepro.stages import stage_process
 
     root = Path.cwd()
     settings = mlrepro_config.load(smk.config, root)
@@ -174,7 +174,7 @@ def run_from_snakemake(smk) -> None:
         "corpus_blend": lambda: write_blend(corpus, list(map(Path, smk.input)), out),
     }
     errors = (shards.CorpusError, extract.ExtractError, preprocess.InputError, data.DataError, mlrepro_config.ConfigError)
-    with _logging_to(Path(smk.log[0])):
+    with stage_process(Path(smk.log[0])):
         try:
             calls[smk.rule]()
         except errors as exc:
