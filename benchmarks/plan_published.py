@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mlrepro import implementation
+from mlrepro.implementation import configs as implementation
 from mlrepro.plan import hardware, search, workloads
 
 ROOT = Path(__file__).resolve().parents[1]

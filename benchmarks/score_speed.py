@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import logs_factory as lf  # noqa: E402
-from mlrepro import scoring  # noqa: E402
+from mlrepro.scoring import score as scoring  # noqa: E402
 
 
 def best_of(n: int, fn) -> float:
@@ -54,7 +54,7 @@ def tree(root: Path, ruleset: str, jobs: int) -> int:
 
     load = os.getloadavg()[0]
 
-    from mlrepro import tree_score
+    from mlrepro.scoring import tree_score
 
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     with tempfile.TemporaryDirectory(prefix="score-speed-") as tmp:
@@ -145,7 +145,7 @@ def main() -> int:
 
         rows = [("official checkers by hand (10 x compliance_checker + rcp_checker)", best_of(args.repeat, by_hand)),
                 ("mlrepro score DIR (CLI, one process)", best_of(args.repeat, cli)),
-                ("mlrepro.scoring.score_runs (in-process, warm)", best_of(args.repeat, in_process))]
+                ("mlrepro.scoring.score.score_runs (in-process, warm)", best_of(args.repeat, in_process))]
     ref = rows[0][1]
     print(f"{'method':<70} {'seconds':>8} {'vs by hand':>11}")
     for name, secs in rows:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro import cluster
+from mlrepro.slurm import testcluster as cluster
 
 
 def conf_lines(text: str, key: str) -> list[dict[str, str]]:

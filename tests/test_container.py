@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro.container import (
+from mlrepro.container.image import (
     CONTEXT_LABEL,
     ContainerError,
     build_container,

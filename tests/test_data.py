@@ -1,4 +1,4 @@
-"""mlrepro.data against a real HTTP server on 127.0.0.1 and real files and processes."""
+"""mlrepro.data.http against a real HTTP server on 127.0.0.1 and real files and processes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures.http_server import LocalHTTPServer, Misbehaviour  # noqa: E402
 
-from mlrepro.data import (  # noqa: E402
+from mlrepro.data.http import (  # noqa: E402
     DataError,
     DownloadError,
     ExpectedEntry,
@@ -112,7 +112,7 @@ def test_wrong_size_or_hash_is_rejected_and_target_absent(server, tmp_path, kind
 
 
 def test_token_sent_in_header_but_never_in_errors_logs_or_files(tmp_path, caplog):
-    caplog.set_level(logging.DEBUG, logger="mlrepro.data")
+    caplog.set_level(logging.DEBUG, logger="mlrepro.data.http")
     with LocalHTTPServer(require_token=TOKEN) as srv:
         url = srv.add_file("/gated.bin", BLOB)
         srv.misbehave("/gated.bin", Misbehaviour(cut_after=10_000), Misbehaviour(status=429))

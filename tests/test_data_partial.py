@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import config, data, stages
-from mlrepro.fsutil import atomic_dir
+from mlrepro import config, stages
+from mlrepro.data import http as data
+from mlrepro.util.fsutil import atomic_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

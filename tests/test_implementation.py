@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro.implementation import (
+from mlrepro.implementation.configs import (
     FetchError,
     ImplementationError,
     check_fits,

@@ -1,4 +1,4 @@
-"""mlrepro.launch and the seed stage, without Snakemake: plans, the local path through
+"""mlrepro.launch.plan and the seed stage, without Snakemake: plans, the local path through
 submitit with a tiny real implementation, failures, retries and the seed folder contract."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import config, launch, stages
+from mlrepro import config, stages
+from mlrepro.launch import plan as launch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -210,7 +211,7 @@ def test_dataset_stage_from_a_hub_source_with_a_token_and_a_manifest(tree, monke
         hub.add_hub_repo("org/gov", files, repo_type="dataset")
         monkeypatch.setenv("HF_ENDPOINT", hub.url(""))
         monkeypatch.delenv("HF_TOKEN", raising=False)
-        from mlrepro import data
+        from mlrepro.data import http as data
 
         with pytest.raises(data.MissingTokenError, match="HF_TOKEN"):
             stages.dataset(settings(tree), "tiny", out, log)
@@ -253,13 +254,13 @@ def test_secrets_reach_the_run_by_name_and_are_never_written(tree, monkeypatch):
 
 
 def seed_marker(tree: Path, seed: int) -> str:
-    from mlrepro import proctree
+    from mlrepro.util import proctree
 
     return proctree.seed_marker(tree / "results" / "tiny" / f"seed_{seed}")
 
 
 def test_ranks_in_their_own_session_die_with_the_run(tree, monkeypatch):
-    from mlrepro import proctree
+    from mlrepro.util import proctree
 
     monkeypatch.setenv("RANK_IN_NEW_SESSION", "1")
     out, log = seed_paths(tree, 1)
@@ -289,7 +290,7 @@ def _wait_for(predicate, timeout: float) -> bool:
 
 
 def _rank_running(marker: str) -> bool:
-    from mlrepro import proctree
+    from mlrepro.util import proctree
 
     return any("fake-rank" in p.command for p in proctree.find(marker))
 
@@ -297,7 +298,7 @@ def _rank_running(marker: str) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGKILL", "SIGINT"])
 def test_killed_or_interrupted_workflow_leaves_no_rank_and_the_rerun_one_run(tree, signum):
-    from mlrepro import proctree
+    from mlrepro.util import proctree
 
     marker = seed_marker(tree, 1)
     owner = _owner(tree, 1, RANK_IN_NEW_SESSION="1", SLEEP="300")
@@ -322,7 +323,7 @@ def test_killed_or_interrupted_workflow_leaves_no_rank_and_the_rerun_one_run(tre
 def _changed_manifest_tree(tree: Path) -> tuple[Path, Path]:
     import numpy as np
 
-    from mlrepro import data
+    from mlrepro.data import http as data
 
     folder = tree / "resources" / "tiny" / "data"
     folder.mkdir(parents=True)
@@ -368,7 +369,7 @@ def test_a_changed_input_fails_the_seed_naming_the_file(tree, change):
 
 
 def test_verification_reads_an_unchanged_file_once(tree, monkeypatch):
-    from mlrepro import data
+    from mlrepro.data import http as data
 
     folder, _ = _changed_manifest_tree(tree)
     assert data.verify_manifest(folder / "manifest.json") == []

@@ -1,4 +1,4 @@
-"""mlrepro.mllog: reading MLLOG records out of raw and clean logs."""
+"""mlrepro.scoring.mllog: reading MLLOG records out of raw and clean logs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from mlperf_logging.compliance_checker.mlp_parser import parse_file
 
 import logs_factory as lf
-from mlrepro.mllog import extract_mllog, parse_log, parse_text
+from mlrepro.scoring.mllog import extract_mllog, parse_log, parse_text
 
 
 def test_clean_log_round_trips_through_the_official_parser(tmp_path):

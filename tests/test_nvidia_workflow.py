@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import checkers, container, data
+from mlrepro.scoring import checkers
+from mlrepro.container import image as container
+from mlrepro.data import http as data
 from workspace import make_workspace, planned_jobs, snakemake_cmd
 
 pytestmark = [pytest.mark.slow]

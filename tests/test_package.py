@@ -1,4 +1,4 @@
-"""mlrepro.package: submission packages the official package_checker accepts."""
+"""mlrepro.scoring.package: submission packages the official package_checker accepts."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 import logs_factory as lf
-from mlrepro import checkers
-from mlrepro.package import PackageError, write_submission_package
+from mlrepro.scoring import checkers
+from mlrepro.scoring.package import PackageError, write_submission_package
 
 DESC = {"number_of_nodes": "1", "accelerators_per_node": "8", "host_processors_per_node": "2",
         "accelerator_model_name": "NVIDIA H100-SXM5-80GB", "framework": "PyTorch"}

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from mlrepro import config as mlrepro_config
-from mlrepro import implementation
+from mlrepro.implementation import configs as implementation
 from mlrepro.cli import main
 from mlrepro.plan import cost, hardware, memory, models, search, workloads, writer
 from mlrepro.plan.layout import Layout
@@ -252,7 +252,7 @@ def test_with_gpus_keeps_whole_nodes():
 
 
 def test_a_system_without_a_published_config_gets_a_generated_one(tmp_path):
-    from mlrepro import launch
+    from mlrepro.launch import plan as launch
 
     folder = _implementation(tmp_path)
     bench = mlrepro_config.Benchmark(

@@ -1,4 +1,4 @@
-"""mlrepro.report: the HTML page renders with its plots in headless Chromium."""
+"""mlrepro.scoring.report: the HTML page renders with its plots in headless Chromium."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 import logs_factory as lf
-from mlrepro import scoring
-from mlrepro.report import write_report
+from mlrepro.scoring import score as scoring
+from mlrepro.scoring.report import write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import rules, scoring
+from mlrepro.scoring import rules
+from mlrepro.scoring import score as scoring
 
 
 def _cc_root() -> Path:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import logs_factory as lf
-from mlrepro import scoring
-from mlrepro.fsutil import atomic_write_json
-from mlrepro.mllog import parse_log, parse_text
+from mlrepro.scoring import score as scoring
+from mlrepro.util.fsutil import atomic_write_json
+from mlrepro.scoring.mllog import parse_log, parse_text
 
 MINI = scoring.rules_for("mini_lora", required_runs=3, target="eval_accuracy<=2.5")
 
@@ -27,7 +27,7 @@ def strict_json(path: Path):
 
 
 def cli(*args, cwd, timeout=120):
-    env = dict(os.environ, PYTHONPATH=str(Path(scoring.__file__).parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(scoring.__file__).parents[2]))
     return subprocess.run([sys.executable, "-m", "mlrepro", "score", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import logs_factory as lf
-from mlrepro import scoring
-from mlrepro.mllog import parse_text
+from mlrepro.scoring import score as scoring
+from mlrepro.scoring.mllog import parse_text
 
 MAX_EXAMPLES = 400
 RULES = scoring.rules_for("llama2_70b_lora")

@@ -1,4 +1,4 @@
-"""mlrepro.secrets: the one definition of a secret and the redaction every log goes through."""
+"""mlrepro.util.secrets: the one definition of a secret and the redaction every log goes through."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
-from mlrepro import secrets
-from mlrepro.secrets import REDACTED, is_secret_name, redact
+from mlrepro.util import secrets
+from mlrepro.util.secrets import REDACTED, is_secret_name, redact
 
 SECRET_NAMES = ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD", "DB_PASS", "SSH_PRIVATE", "AZURE_CREDENTIAL",
                 "OPENAI_APIKEY", "GH_PAT", "AUTH_HEADER", "NPM_AUTH", "MY_SECRET", "SESSION_COOKIE",

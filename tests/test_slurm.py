@@ -1,4 +1,4 @@
-"""mlrepro.slurm: parsing and redaction without Slurm; submit/wait/cancel against the real local cluster."""
+"""mlrepro.slurm.client: parsing and redaction without Slurm; submit/wait/cancel against the real local cluster."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro import slurm
+from mlrepro.slurm import client as slurm
 
 # ---------------------------------------------------------------- fixture
 
 
 def cluster_state_dir() -> Path:
-    from mlrepro.cluster import state_dir_from_env
+    from mlrepro.slurm.testcluster import state_dir_from_env
 
     return state_dir_from_env()
 
@@ -153,7 +153,7 @@ def test_eight_tasks_over_two_nodes_complete(slurm_cluster, tmp_path, caplog):
     out = tmp_path / "tasks.out"
     secret = "hf_secret_value_123"
     seen: list[str] = []
-    caplog.set_level(logging.DEBUG, logger="mlrepro.slurm")
+    caplog.set_level(logging.DEBUG, logger="mlrepro.slurm.client")
     t0 = time.monotonic()
     job_id = slurm.submit(script, nodes=2, time_minutes=5, partition="debug", job_name="mlrepro-test-tasks",
                           output=out, env={"SEED": "42", "HF_TOKEN": secret},

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro import launch, slurm
+from mlrepro.launch import plan as launch
+from mlrepro.slurm import client as slurm
 from workspace import make_workspace, run_snakemake, snakemake_cmd, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

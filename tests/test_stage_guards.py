@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import config, data, stages
+from mlrepro import config, stages
+from mlrepro.data import http as data
 from workspace import REPO, make_workspace, run_snakemake
 
 TOKEN = "hf_guard_test_TOKEN_5f0c1e9a7b3d"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro import slurm, status
+from mlrepro import status
+from mlrepro.slurm import client as slurm
 from mlrepro.cli import main
 
 

@@ -18,7 +18,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mlrepro import cli, report, tree_score
+from mlrepro import cli
+from mlrepro.scoring import report
+from mlrepro.scoring import tree_score
 
 SAMPLE = Path(__file__).parent / "fixtures" / "mlperf_v5_sample"
 SUBMITTERS = ["AMD", "ASUSTeK", "Dell", "NVIDIA", "tinycorp"]
@@ -144,7 +146,7 @@ def test_unknown_ruleset_is_refused(capsys):
 def test_one_folder_with_benchmark_agrees_with_the_tree(tmp_path):
     """`mlrepro score FOLDER --benchmark B` (the per-run scorer) gives the tree's number for epoch-based
     benchmarks too, RCP scaling included."""
-    from mlrepro import scoring
+    from mlrepro.scoring import score as scoring
 
     table, _ = tree_score.score_tree([SAMPLE / "Dell"], ruleset="5.0.0", jobs=2)
     for bench in ("rgat", "stable_diffusion"):

@@ -20,7 +20,10 @@ import pytest
 import yaml
 
 from mlrepro import config as mlrepro_config
-from mlrepro import reference, scoring, stages, verdict
+from mlrepro import stages
+from mlrepro.scoring import reference
+from mlrepro.scoring import score as scoring
+from mlrepro.scoring import verdict
 from workspace import make_workspace
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

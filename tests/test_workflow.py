@@ -78,7 +78,7 @@ def _training(results: Path) -> Path | None:
 def _stop_mid_seed(ws: Path, signum: int, target: str = TARGET, timeout: float = 600) -> dict:
     """Start the workflow and send `signum` to its whole process group while a seed trains;
     what was running of that seed before, and what is left of it after."""
-    from mlrepro import proctree
+    from mlrepro.util import proctree
 
     proc = subprocess.Popen(snakemake_cmd(*PROFILE, target), cwd=ws, env={**os.environ, **ENV},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -11,9 +11,9 @@ import importlib
 import sys
 
 COMMANDS = {
-    "score": ("mlrepro.scoring", "score MLPerf logs (files or folders) as MLCommons would"),
+    "score": ("mlrepro.scoring.score", "score MLPerf logs (files or folders) as MLCommons would"),
     "status": ("mlrepro.status", "show each seed's state for a results/<benchmark> folder"),
-    "cluster": ("mlrepro.cluster", "start, stop or show a local Slurm cluster on this machine"),
+    "cluster": ("mlrepro.slurm.testcluster", "start, stop or show a local Slurm cluster on this machine"),
     "plan": ("mlrepro.plan.cli", "choose TP/PP/CP/DP, batch and recompute for a benchmark or GPT size on a system"),
     "preprocess": ("mlrepro.corpus.preprocess", "tokenize jsonl into Megatron's .bin/.idx (preprocess_data.py's flags)"),
     "profiles": ("mlrepro.profiles", "install the repository's Snakemake profiles as named ones (--profile local|slurm)"),

@@ -190,8 +190,8 @@ class Benchmark:
     min_free_gb: float = 0
 
     def scoring_rules(self):
-        """The scoring rules of this benchmark (see mlrepro.scoring)."""
-        from mlrepro import scoring
+        """The scoring rules of this benchmark (see mlrepro.scoring.score)."""
+        from mlrepro.scoring import score as scoring
 
         return scoring.rules_for(
             self.mlperf_benchmark or self.name,

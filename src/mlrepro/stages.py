@@ -15,15 +15,16 @@ import sys
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import launch, secrets
-from mlrepro.fsutil import atomic_dir, atomic_write_json, private_umask
+from mlrepro.launch import plan as launch
+from mlrepro.util import secrets
+from mlrepro.util.fsutil import atomic_dir, atomic_write_json, private_umask
 
 log = logging.getLogger("mlrepro.stages")
 
 
 def implementation(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
     """Fetch a git implementation at its pinned commit into resources/<benchmark>/implementation/."""
-    from mlrepro import implementation as implementations
+    from mlrepro.implementation import configs as implementations
 
     bench = settings.benchmark(benchmark)
     git = bench.implementation_git
@@ -34,7 +35,7 @@ def implementation(settings: mlrepro_config.Settings, benchmark: str, out: Path)
 
 def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
     """Build the implementation's image (or, with runtime none, record this machine's environment)."""
-    from mlrepro import container as containers
+    from mlrepro.container import image as containers
 
     bench = settings.benchmark(benchmark)
     folder = launch.implementation_config(bench, settings.system).path.parent
@@ -60,7 +61,7 @@ CONTAINER_OUT = "/mlrepro/out"
 
 def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out: Path, log_path: Path) -> None:
     """Fill resources/<benchmark>/<stage>/ from the benchmark's sources, verify it, write its manifest."""
-    from mlrepro import data
+    from mlrepro.data import http as data
 
     bench = settings.benchmark(benchmark)
     spec = getattr(bench, stage)
@@ -157,7 +158,7 @@ def space_needed(root: Path, bench: mlrepro_config.Benchmark, stage: str) -> tup
 
 
 def _user_folder(source: dict) -> Path:
-    from mlrepro import data
+    from mlrepro.data import http as data
 
     name = source["user_path"]
     value = os.environ.get(name)
@@ -179,7 +180,7 @@ def _stage_image(settings, benchmark: str) -> str | None:
 
 
 def _run_script(source: dict, impl: Path, where: Path, image: str | None, log_path: Path, env: dict) -> None:
-    from mlrepro import data
+    from mlrepro.data import http as data
 
     if image is None:
         args = [a.replace("{out}", str(where)) for a in source["args"]]
@@ -218,7 +219,7 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
 
 
 def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:
-    from mlrepro import scoring
+    from mlrepro.scoring import score as scoring
 
     run = scoring.score_run(mllog_path, settings.benchmark(benchmark).scoring_rules())
     run["seed"] = seed if run.get("seed") is None else run["seed"]
@@ -229,7 +230,7 @@ def score(settings, benchmark: str, run_files: list[Path], mllogs: list[Path], o
           reference_file: Path, container_file: Path, verdict_out: Path, distribution: Path,
           report_html: Path, plot_dir: Path) -> None:
     """score.json of the seeds' runs, its verdict against the reference, and the report that shows both."""
-    from mlrepro import scoring
+    from mlrepro.scoring import score as scoring
 
     runs = [json.loads(Path(p).read_text()) for p in run_files]
     result = scoring.score_runs(mllogs, settings.benchmark(benchmark).scoring_rules(), runs=runs)
@@ -240,8 +241,8 @@ def score(settings, benchmark: str, run_files: list[Path], mllogs: list[Path], o
 
 def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path, plot_dir: Path,
            verdict_file: Path | None = None) -> None:
-    from mlrepro import report as reports
-    from mlrepro import verdict as verdicts
+    from mlrepro.scoring import report as reports
+    from mlrepro.scoring import verdict as verdicts
 
     section = None
     if verdict_file is not None:
@@ -253,8 +254,8 @@ def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: 
 
 
 def reference(settings, benchmark: str, out: Path) -> None:
-    """What the benchmark's runs are compared with, scored like them (see mlrepro.reference)."""
-    from mlrepro import reference as references
+    """What the benchmark's runs are compared with, scored like them (see mlrepro.scoring.reference)."""
+    from mlrepro.scoring import reference as references
 
     bench = settings.benchmark(benchmark)
     rules = bench.scoring_rules()
@@ -283,11 +284,11 @@ def preflight_file(settings, benchmark: str) -> Path | None:
 
 def verdict(settings, benchmark: str, score_file: Path, reference_file: Path, container_file: Path,
             out: Path, plot: Path) -> None:
-    """Your score against the reference's (see mlrepro.verdict), with the runs' distributions plotted."""
+    """Your score against the reference's (see mlrepro.scoring.verdict), with the runs' distributions plotted."""
     import dataclasses
 
-    from mlrepro import verdict as verdicts
-    from mlrepro.fsutil import atomic_write_text
+    from mlrepro.scoring import verdict as verdicts
+    from mlrepro.util.fsutil import atomic_write_text
 
     pre = preflight_file(settings, benchmark)
     environment = {"container": json.loads(Path(container_file).read_text()),
@@ -299,14 +300,14 @@ def verdict(settings, benchmark: str, score_file: Path, reference_file: Path, co
 
 
 def final_report(settings, verdict_files: list[Path], out_html: Path, out_csv: Path, out_json: Path) -> None:
-    from mlrepro import summary
+    from mlrepro.scoring import summary
 
     summary.write_final_report(verdict_files, out_html, out_csv, out_json)
 
 
 def submission(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: Path) -> None:
     """The MLPerf submission package of the runs, as package_checker expects it."""
-    from mlrepro import package
+    from mlrepro.scoring import package
 
     bench = settings.benchmark(benchmark)
     score = json.loads(Path(score_file).read_text())
@@ -340,10 +341,11 @@ def _with_generated_note(desc: dict, bench, system) -> dict:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says everything: shown without a traceback."""
-    from mlrepro import container as containers
-    from mlrepro import data, implementation
+    from mlrepro.container import image as containers
+    from mlrepro.data import http as data
+    from mlrepro.implementation import configs as implementation
 
-    from mlrepro import reference
+    from mlrepro.scoring import reference
 
     return (data.DataError, implementation.ImplementationError, containers.ContainerError, reference.ReferenceError)
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from mlrepro import slurm
+from mlrepro.slurm import client as slurm
 
 SEED_DIR = re.compile(r"^seed_(\d+)$")
 

@@ -40,7 +40,7 @@ def unmet(bench: Benchmark, system: System, *, with_implementation: bool) -> lis
         have = "none, CPU only" if gpus(system) == 0 else f"{system.nodes} x {system.gpus_per_node}"
         missing.append(f"it needs at least {req['gpus']} GPUs ({system.name} has {have})")
     if with_implementation:
-        from mlrepro import launch
+        from mlrepro.launch import plan as launch
 
         try:
             launch.implementation_config(bench, system)

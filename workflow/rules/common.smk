@@ -1,9 +1,9 @@
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import launch
+from mlrepro.launch import plan as launch
 from mlrepro import systems as mlrepro_systems
-from mlrepro.fsutil import private_umask
+from mlrepro.util.fsutil import private_umask
 
 
 # Read strictly first: Snakemake's own loader names no file on a YAML error and keeps the
@@ -93,7 +93,7 @@ def seed_results(wc):
 
 
 def seed_plan(wc, attribute):
-    """One attribute of the seed's launch plan (see mlrepro.launch.SeedPlan).
+    """One attribute of the seed's launch plan (see mlrepro.launch.plan.SeedPlan).
 
     Until a git implementation is fetched its configs are unknown: Snakemake asks before the
     checkpoint has run, gets a placeholder, and asks again once it has.
@@ -134,7 +134,7 @@ def container_ready(wc):
 
 def implementation_files(wc):
     """Input helper: the build context of the benchmark's image (the chosen implementation folder)."""
-    from mlrepro import container
+    from mlrepro.container import image as container
 
     ready = implementation_ready(wc)
     folder = launch.implementation_config(bench(wc.benchmark), SYSTEM).path.parent

@@ -14,7 +14,7 @@ rule submission:
 
 
 # What the runs are compared with: the submitter's published logs at the implementation's
-# pinned commit, a miniature's shipped reference runs, or nothing (see mlrepro.reference).
+# pinned commit, a miniature's shipped reference runs, or nothing (see mlrepro.scoring.reference).
 rule reference:
     input:
         implementation_ready,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlrepro.corpus.indexed import IndexedReader
-from mlrepro.fsutil import atomic_write_json, atomic_write_text
+from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
 
 def blend(prefixes: list[str], weights: str = "tokens") -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from mlrepro.fsutil import atomic_path
+from mlrepro.util.fsutil import atomic_path
 
 
 def concatenate(files: list[Path], out: Path) -> int:

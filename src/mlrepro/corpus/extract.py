@@ -15,7 +15,7 @@ from pathlib import Path
 
 import zstandard
 
-from mlrepro.fsutil import atomic_path
+from mlrepro.util.fsutil import atomic_path
 
 log = logging.getLogger(__name__)
 

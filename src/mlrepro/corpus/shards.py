@@ -4,7 +4,7 @@ A corpus source is a URL pattern over ranges (SlimPajama: chunk 1..10 × shard 0
 list, or a local folder. Every shard has a fixed position in that list; tasks take the
 contiguous share [rank·n/world, (rank+1)·n/world) as seed 001's download.py does, so a
 Slurm array task only needs its RANK and WORLD_SIZE. Each file goes through
-mlrepro.data.http_download (resumed from its .part, 429/5xx retried honouring Retry-After,
+mlrepro.data.http.http_download (resumed from its .part, 429/5xx retried honouring Retry-After,
 renamed into place only when complete), so a file that is there is complete and skipped.
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from mlrepro import data
-from mlrepro.fsutil import atomic_write_json
+from mlrepro.data import http as data
+from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
 

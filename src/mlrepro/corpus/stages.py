@@ -19,9 +19,9 @@ import logging
 import shutil
 from pathlib import Path
 
-from mlrepro import data
+from mlrepro.data import http as data
 from mlrepro.corpus import blend, concat, extract, preprocess, shards
-from mlrepro.fsutil import atomic_write_json
+from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
 

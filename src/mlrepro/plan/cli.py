@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from mlrepro import config as mlrepro_config
-from mlrepro import fsutil
+from mlrepro.util import fsutil
 from mlrepro.plan import generate, hardware, search, workloads, writer
 
 

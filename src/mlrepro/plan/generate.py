@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import implementation
+from mlrepro.implementation import configs as implementation
 from mlrepro.plan import hardware, search, workloads, writer
 
 log = logging.getLogger(__name__)

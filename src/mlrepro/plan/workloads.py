@@ -76,7 +76,7 @@ def _samples(benchmark: str, ruleset: str, gbs: int) -> float | None:
 
 @functools.cache
 def _rcp_curve(benchmark: str, ruleset: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    from mlrepro import checkers
+    from mlrepro.scoring import checkers
 
     checker = checkers._rcp_checker(benchmark, ruleset, checkers.USAGE)
     records = sorted(checker.rcp_data.values(), key=lambda r: r["BS"])

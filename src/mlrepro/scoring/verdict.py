@@ -27,8 +27,8 @@ import statistics
 from typing import Any, Sequence
 
 # report.py sets the Agg backend before pyplot is imported; its helpers render here too.
-from mlrepro.report import _e, _svg, plt
-from mlrepro.report import _num as _n
+from mlrepro.scoring.report import _e, _svg, plt
+from mlrepro.scoring.report import _num as _n
 
 ALPHA = 0.05
 METHOD = ("two-sided Mann-Whitney U test (scipy.stats.mannwhitneyu) on the per-run values of your counted runs "
@@ -108,7 +108,7 @@ def compare(yours: dict, reference: dict, *, benchmark: str | None = None, syste
     """The verdict of one benchmark on one system (verdict.json).
 
     `yours` is the benchmark's score.json, `reference` its reference.json (see
-    mlrepro.reference), `benchmark` its configured name (default: the score's),
+    mlrepro.scoring.reference), `benchmark` its configured name (default: the score's),
     `system` what the user ran on, `environment` the user's
     container.json (and preflight, when there is one).
     """

@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mlrepro.fsutil import atomic_write_json, sha256_file
+from mlrepro.util.fsutil import atomic_write_json, sha256_file
 
 log = logging.getLogger(__name__)
 

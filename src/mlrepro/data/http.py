@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from mlrepro.fsutil import atomic_write_json, file_manifest, sha256_file, xxh3_file
-from mlrepro.secrets import redact, redactor, secret_values
+from mlrepro.util.fsutil import atomic_write_json, file_manifest, sha256_file, xxh3_file
+from mlrepro.util.secrets import redact, redactor, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class DownloadError(DataError):
 
 
 # ---------------------------------------------------------------------------
-# secrets (one definition, in mlrepro.secrets)
+# secrets (one definition, in mlrepro.util.secrets)
 # ---------------------------------------------------------------------------
 
 def _safe_url(url: str) -> str:
@@ -661,7 +661,7 @@ def verify_manifest(manifest_json: str | os.PathLike) -> list[str]:
     Files are looked for beside the manifest (its `root` may name the temporary folder the
     stage wrote into).
     """
-    from mlrepro.fsutil import atomic_write_json as write
+    from mlrepro.util.fsutil import atomic_write_json as write
 
     manifest_json = Path(manifest_json)
     folder = manifest_json.parent

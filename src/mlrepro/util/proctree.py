@@ -6,7 +6,7 @@ neither the group nor the parent chain finds it. What every descendant does keep
 environment, so the run is started with MARKER=<id of the seed> and the processes that
 carry it in /proc/<pid>/environ are the seed's, wherever they were re-parented to.
 
-A watchdog (`python -m mlrepro.proctree watch ...`, in a session of its own) stops them
+A watchdog (`python -m mlrepro.util.proctree watch ...`, in a session of its own) stops them
 all when the process that owns the seed dies without doing so (SIGKILL of the workflow).
 """
 
@@ -127,7 +127,7 @@ def start_watchdog(marker: str, owner: int | None = None) -> subprocess.Popen:
     owner = os.getpid() if owner is None else owner
     env = {k: v for k, v in os.environ.items() if k != MARKER}
     return subprocess.Popen(
-        [sys.executable, "-m", "mlrepro.proctree", "watch", str(owner), str(start_time(owner)), marker],
+        [sys.executable, "-m", "mlrepro.util.proctree", "watch", str(owner), str(start_time(owner)), marker],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True,
     )
@@ -142,7 +142,7 @@ def watch(owner: int, owner_start: int, marker: str, poll: float = 0.5) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlrepro.proctree")
+    parser = argparse.ArgumentParser(prog="python -m mlrepro.util.proctree")
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("watch", help="kill the seed's processes once OWNER is gone")
     w.add_argument("owner", type=int)

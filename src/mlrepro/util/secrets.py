@@ -159,7 +159,7 @@ def redact_command(command: Sequence[object], env: Mapping[str, object] | None =
 def redact_file(path: str | os.PathLike, extra: Iterable[str | None] = (),
                 env: Mapping[str, object] | None = None) -> bool:
     """Redact a log file in place (atomically); True when something was replaced."""
-    from mlrepro.fsutil import atomic_write_bytes
+    from mlrepro.util.fsutil import atomic_write_bytes
 
     path = Path(path)
     rd = redactor(env, extra)

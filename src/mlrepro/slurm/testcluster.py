@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlrepro.fsutil import atomic_write_json, atomic_write_text
+from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
 DEFAULT_STATE_DIR = Path("/var/lib/mlrepro-cluster")
 SLURM_ETC = Path("/etc/slurm")

@@ -38,8 +38,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-from mlrepro import rules as rules_mod
-from mlrepro.fsutil import atomic_write_json, atomic_write_text
+from mlrepro.scoring import rules as rules_mod
+from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
 TOKEN = ":::MLLOG "
 # Columns of the summarizer's detailed table (result_summarizer._get_column_schema and
@@ -495,7 +495,7 @@ def write_outputs(table, rows: list[dict], *, csv: str | None = None, json_path:
     if csv:
         atomic_write_text(csv, table.to_csv(index=False))
     if json_path:
-        from mlrepro.checkers import mlperf_logging_version
+        from mlrepro.scoring.checkers import mlperf_logging_version
 
         atomic_write_json(json_path, {
             "usage": usage, "ruleset": ruleset, "tools": {"mlperf_logging": mlperf_logging_version()},
@@ -544,7 +544,7 @@ def run_cli(args) -> int:
         write_outputs(table, rows, csv=args.csv, json_path=args.json, ruleset=ruleset, usage=rules_mod.USAGE,
                       seconds=seconds)
         if getattr(args, "html", None):
-            from mlrepro import report
+            from mlrepro.scoring import report
 
             report.write_tree_report(table, args.html, title=f"MLPerf {rules_mod.USAGE} {ruleset} results")
     except OSError as exc:

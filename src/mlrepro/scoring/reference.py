@@ -4,7 +4,7 @@ For a benchmark whose implementation comes from an MLPerf results repository at 
 commit (NVIDIA's training_results_v5.0), the submitter's own logs of the chosen system sit
 in the same repository, ``<submitter>/results/<system>/<benchmark>/result_*.txt``, next to
 ``<submitter>/systems/<system>.json``. They are fetched at the same commit and scored with
-mlrepro.scoring, the scorer of the user's runs, so the reference is MLCommons' number for
+mlrepro.scoring.score, the scorer of the user's runs, so the reference is MLCommons' number for
 that system (llama2_70b_lora on one DGX B200: 11.275 min), never a typed-in figure.
 
 The implementation folders of such a repository are named after the published systems
@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from mlrepro import scoring
+from mlrepro.scoring import score as scoring
 
 # How each kind of reference is described to the reader.
 PUBLISHED = "published"
@@ -128,7 +128,7 @@ def _log_files(folder: Path) -> list[Path]:
 def fetch_published(git: dict, chosen_system: str, nodes: int, gpus_per_node: int, accelerator: str | None,
                     rules: scoring.Rules, dest: Path) -> dict:
     """Fetch the submitter's systems and the chosen system's result logs at the pinned commit; score them."""
-    from mlrepro import implementation
+    from mlrepro.implementation import configs as implementation
 
     submitter, benchmark = submission_parts(git["folder"])
     try:

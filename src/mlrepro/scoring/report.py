@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from mlrepro.fsutil import atomic_write_text  # noqa: E402
-from mlrepro.mllog import parse_log  # noqa: E402
+from mlrepro.util.fsutil import atomic_write_text  # noqa: E402
+from mlrepro.scoring.mllog import parse_log  # noqa: E402
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -113,7 +113,7 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
                   figures: Mapping[str, str] | None = None, verdict_html: str | None = None) -> str:
     """The report page as a string (`figures` from plots(), made from `logs` when not given).
 
-    `verdict_html` (mlrepro.verdict.render_section) follows the score: how it compares with the reference.
+    `verdict_html` (mlrepro.scoring.verdict.render_section) follows the score: how it compares with the reference.
     """
     figures = figures or plots(score, logs)
     valid = bool(score.get("valid"))

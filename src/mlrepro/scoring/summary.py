@@ -14,9 +14,9 @@ from typing import Iterable
 
 import pandas as pd
 
-from mlrepro.fsutil import atomic_write_text
-from mlrepro.report import _CSS
-from mlrepro.verdict import METHOD
+from mlrepro.util.fsutil import atomic_write_text
+from mlrepro.scoring.report import _CSS
+from mlrepro.scoring.verdict import METHOD
 
 COLUMNS = ["benchmark", "system", "reference", "reference_kind", "score_minutes", "reference_score_minutes",
            "difference_pct", "p_time_to_train", "p_time_per_sample", "p_samples_to_converge", "samples_to_converge",

@@ -13,7 +13,7 @@ Seed folder contract (results/<benchmark>/seed_<seed>/, private to the user):
   failure.json  why the last attempt failed; removed when an attempt succeeds
 
 Before a seed starts, its dataset and checkpoint are checked against their manifests
-(`verify_inputs`), and whatever an earlier attempt left running is killed (mlrepro.proctree).
+(`verify_inputs`), and whatever an earlier attempt left running is killed (mlrepro.util.proctree).
 Secrets are never part of what is handed to submitit or written: they reach the run by
 inheritance from the workflow's environment.
 """
@@ -35,11 +35,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlrepro import implementation, mllog, secrets
+from mlrepro.implementation import configs as implementation
+from mlrepro.scoring import mllog
+from mlrepro.util import secrets
 from mlrepro.config import RUN_ENV_PLACEHOLDERS, Benchmark, ConfigError, Settings, System
-from mlrepro.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from mlrepro.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-log = logging.getLogger("mlrepro.launch")
+log = logging.getLogger("mlrepro.launch.plan")
 
 
 class SeedFailed(RuntimeError):
@@ -179,7 +181,7 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
         generated=_generated(cfg.path),
     )
     if system.scheduler == "slurm":
-        from mlrepro import slurm
+        from mlrepro.slurm import client as slurm
 
         cmd = slurm.sbatch_command(
             plan.implementation_dir / "run.sub",
@@ -238,7 +240,7 @@ def record_failure(seed_dir: Path, reason: str, **details) -> bool:
 
 def verify_inputs(plan: SeedPlan, root: Path) -> None:
     """Fail the seed, naming the file, when its dataset or checkpoint changed after its manifest was written."""
-    from mlrepro import data
+    from mlrepro.data import http as data
 
     problems = []
     for stage in STAGE_FOLDERS:
@@ -290,13 +292,14 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
     `env` holds the run's settings only; secrets reach the run through this process's own
     environment (inherited from the workflow), because `env` is pickled to disk by submitit.
     The output goes to `log_path` with secrets redacted as it is written. Every process of
-    the run carries the seed's marker (see mlrepro.proctree): a cancel (SIGINT/SIGTERM from
+    the run carries the seed's marker (see mlrepro.util.proctree): a cancel (SIGINT/SIGTERM from
     submitit or Snakemake), the wall-time (submitit's SIGUSR2) or the end of the run kills
     all of them, including ranks that torchrun started in sessions of their own.
     """
     import threading
 
-    from mlrepro import proctree, secrets
+    from mlrepro.util import proctree
+    from mlrepro.util import secrets
 
     child_env = {**os.environ, **env}
     marker = child_env[proctree.MARKER]
@@ -378,7 +381,7 @@ def _environ(**values: str):
 def _stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
     """Whatever an earlier attempt or a killed workflow left running would race the new
     attempt: stop it all, and start nothing while any of it is left."""
-    from mlrepro import proctree
+    from mlrepro.util import proctree
 
     job = _read_json(seed_dir / "job.json") or {}
     if job.get("scheduler") == "local" and job.get("host") == socket.gethostname():
@@ -416,7 +419,7 @@ def _private(*folders: Path) -> None:
 def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     import submitit
 
-    from mlrepro import proctree
+    from mlrepro.util import proctree
 
     seed_dir = plan.seed_dir
     marker = proctree.seed_marker(seed_dir)
@@ -554,7 +557,7 @@ def _container_image(plan: SeedPlan) -> str:
 
 
 def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
-    from mlrepro import slurm
+    from mlrepro.slurm import client as slurm
 
     seed_dir = plan.seed_dir
     logdir = seed_dir / f"attempt_{attempt}"
@@ -596,7 +599,7 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
 
 def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
     """The seed's Slurm job to wait for: a live or finished-unread one from before, else a new one."""
-    from mlrepro import slurm
+    from mlrepro.slurm import client as slurm
 
     job = _read_json(plan.seed_dir / "job.json")
     if job and job.get("scheduler") == "slurm":
@@ -625,7 +628,7 @@ def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
 
 
 def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
-    from mlrepro import slurm
+    from mlrepro.slurm import client as slurm
 
     seed_dir = plan.seed_dir
     seed_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlrepro.fsutil import atomic_write_bytes
+from mlrepro.util.fsutil import atomic_write_bytes
 
 TOKEN = ":::MLLOG"
 # The official parser (mlperf_logging.compliance_checker.mlp_parser) reads files

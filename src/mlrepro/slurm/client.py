@@ -7,7 +7,7 @@ script goes to sbatch as is, and its settings travel in the environment
 keeps finished jobs for good); see `job_info` for why in that order.
 
 Environment values whose names look secret (HF_TOKEN, ...) are never logged:
-every command line or environment that reaches a log goes through mlrepro.secrets.
+every command line or environment that reaches a log goes through mlrepro.util.secrets.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from mlrepro.secrets import redact, redact_command, redact_env
+from mlrepro.util.secrets import redact, redact_command, redact_env
 
-log = logging.getLogger("mlrepro.slurm")
+log = logging.getLogger("mlrepro.slurm.client")
 
 PENDING = "PENDING"
 RUNNING = "RUNNING"

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from mlrepro import checkers
-from mlrepro.fsutil import atomic_write_json
-from mlrepro.mllog import ParsedLog, Record, contains_mllog, finite, parse_log
+from mlrepro.scoring import checkers
+from mlrepro.util.fsutil import atomic_write_json
+from mlrepro.scoring.mllog import ParsedLog, Record, contains_mllog, finite, parse_log
 
 DEFAULT_RULESET = "5.0.0"
 # Our config names for the MLPerf benchmarks.
@@ -147,7 +147,7 @@ def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int 
 
 
 def _mlperf_benchmarks(ruleset: str | None) -> tuple[str, ...]:
-    from mlrepro import rules as rules_mod
+    from mlrepro.scoring import rules as rules_mod
 
     try:
         return rules_mod.benchmarks(ruleset or DEFAULT_RULESET)
@@ -156,8 +156,8 @@ def _mlperf_benchmarks(ruleset: str | None) -> tuple[str, ...]:
 
 
 def _mlperf_target(benchmark: str, ruleset: str) -> tuple[str, float, str]:
-    """The target of the ruleset's closed_<benchmark>.yaml (mlrepro.rules)."""
-    from mlrepro import rules as rules_mod
+    """The target of the ruleset's closed_<benchmark>.yaml (mlrepro.scoring.rules)."""
+    from mlrepro.scoring import rules as rules_mod
 
     t = rules_mod.benchmark_rules(benchmark, ruleset).target
     if t is None or t.value is None or t.direction is None:
@@ -502,7 +502,7 @@ def _config_target(benchmark: str) -> dict:
     """required_runs/target from config/benchmarks/<benchmark>.yaml, if there is one."""
     import yaml
 
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+    for base in (Path.cwd(), Path(__file__).resolve().parents[3]):
         cfg = base / "config" / "benchmarks" / f"{benchmark}.yaml"
         if cfg.is_file():
             try:
@@ -535,7 +535,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.benchmark is None:
-        from mlrepro import tree_score
+        from mlrepro.scoring import tree_score
 
         return tree_score.run_cli(args)
     try:

@@ -15,9 +15,9 @@ import json
 import os
 from pathlib import Path
 
-from mlrepro.fsutil import atomic_dir
-from mlrepro.mllog import parse_log
-from mlrepro.scoring import ALIASES, DEFAULT_RULESET, MLPERF_TARGETS
+from mlrepro.util.fsutil import atomic_dir
+from mlrepro.scoring.mllog import parse_log
+from mlrepro.scoring.score import ALIASES, DEFAULT_RULESET, MLPERF_TARGETS
 
 # Fields mlperf_logging's system_desc_checker requires (4.1.x, training).
 SYSTEM_FIELDS = (

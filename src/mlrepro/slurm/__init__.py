@@ -1,0 +1,1 @@
+"""Slurm: the runtime client (sbatch, squeue, sacct) and, apart from it, the local test cluster."""
