@@ -1,4 +1,4 @@
-"""mlrepro.data.http against a real HTTP server on 127.0.0.1 and real files and processes."""
+"""mlrepro.data (http, hub, mounts, manifest, scripts) against a real HTTP server on 127.0.0.1 and real files and processes."""
 
 from __future__ import annotations
 
@@ -15,22 +15,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures.http_server import LocalHTTPServer, Misbehaviour  # noqa: E402
 
-from mlrepro.data.http import (  # noqa: E402
-    DataError,
-    DownloadError,
-    ExpectedEntry,
-    MissingTokenError,
-    apply_cleanup,
-    check_free_space,
-    container_command,
-    http_download,
-    hub_download,
-    read_expected_mounts,
-    require_token,
-    run_download_script,
-    verify_mounts,
-    write_manifest,
-)
+from mlrepro.data.checks import DataError, DownloadError, MissingTokenError, check_free_space, require_token  # noqa: E402
+from mlrepro.data.http import http_download  # noqa: E402
+from mlrepro.data.hub import hub_download  # noqa: E402
+from mlrepro.data.manifest import write_manifest  # noqa: E402
+from mlrepro.data.mounts import ExpectedEntry, read_expected_mounts, verify_mounts  # noqa: E402
+from mlrepro.data.scripts import apply_cleanup, container_command, run_download_script  # noqa: E402
 
 TOKEN = "hf_TESTtoken_5f1d9c2e7a"
 BLOB = os.urandom(3 * 1024 * 1024 + 123)  # several read chunks, odd tail

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from mlrepro import config, stages
-from mlrepro.data import http as data
+from mlrepro.data import manifest
 from mlrepro.util.fsutil import atomic_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,13 +85,13 @@ def test_atomic_dir_empties_a_leftover_unless_resuming(tmp_path):
 
 
 def test_only_self_checking_sources_resume_and_transfer_state_is_dropped(tmp_path):
-    assert data.resumable([{"hub": {"repo_id": "a/b"}}, {"rclone": "remote:x"}])
-    assert not data.resumable([{"hub": {"repo_id": "a/b"}}, {"script": "s.py"}])
+    assert manifest.resumable([{"hub": {"repo_id": "a/b"}}, {"rclone": "remote:x"}])
+    assert not manifest.resumable([{"hub": {"repo_id": "a/b"}}, {"script": "s.py"}])
     (tmp_path / ".cache" / "huggingface" / "download").mkdir(parents=True)
     (tmp_path / ".cache" / "huggingface" / "download" / "w.incomplete").write_bytes(b"1")
     (tmp_path / "weights").mkdir()
     (tmp_path / "weights" / "shard.bin.a1b2c3.partial").write_bytes(b"2")
     (tmp_path / "weights" / "shard0.bin").write_bytes(b"3")
-    removed = data.drop_transfer_state(tmp_path)
+    removed = manifest.drop_transfer_state(tmp_path)
     assert removed == [".cache/huggingface/", "weights/shard.bin.a1b2c3.partial"]
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["weights", "weights/shard0.bin"]

@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 
 from mlrepro.implementation.configs import (
-    FetchError,
     ImplementationError,
     check_fits,
-    fetch_implementation,
     list_configs,
     parse_name_shape,
     pick_config,
     read_config,
 )
+from mlrepro.implementation.fetch import FetchError, fetch_implementation
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia_configs"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlrepro import layout
 from mlrepro import config, stages
 from mlrepro.launch import plan as launch
 
@@ -110,7 +111,7 @@ def test_slurm_plan_shows_the_sbatch_line(tree):
 
 
 def test_a_user_path_recorded_by_a_stage_is_where_runs_read(tree):
-    folder = launch.stage_folder(tree, "tiny", "checkpoint")
+    folder = layout.stage_folder(tree, "tiny", "checkpoint")
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"location": "/members/only/ckpt"}))
     assert launch.plan_seed(settings(tree), "tiny", 1).env["MODEL"] == "/members/only/ckpt/weights"
@@ -211,9 +212,9 @@ def test_dataset_stage_from_a_hub_source_with_a_token_and_a_manifest(tree, monke
         hub.add_hub_repo("org/gov", files, repo_type="dataset")
         monkeypatch.setenv("HF_ENDPOINT", hub.url(""))
         monkeypatch.delenv("HF_TOKEN", raising=False)
-        from mlrepro.data import http as data
+        from mlrepro.data import checks, manifest
 
-        with pytest.raises(data.MissingTokenError, match="HF_TOKEN"):
+        with pytest.raises(checks.MissingTokenError, match="HF_TOKEN"):
             stages.dataset(settings(tree), "tiny", out, log)
         assert not hub.requests, "a missing token must fail before any request"
         monkeypatch.setenv("HF_TOKEN", token)
@@ -323,13 +324,13 @@ def test_killed_or_interrupted_workflow_leaves_no_rank_and_the_rerun_one_run(tre
 def _changed_manifest_tree(tree: Path) -> tuple[Path, Path]:
     import numpy as np
 
-    from mlrepro.data import http as data
+    from mlrepro.data import manifest
 
     folder = tree / "resources" / "tiny" / "data"
     folder.mkdir(parents=True)
     np.save(folder / "train.npy", np.arange(100))
     np.save(folder / "validation.npy", np.arange(10))
-    data.write_manifest(folder, folder / "manifest.json")
+    manifest.write_manifest(folder, folder / "manifest.json")
     return folder, folder / "validation.npy"
 
 
@@ -369,16 +370,16 @@ def test_a_changed_input_fails_the_seed_naming_the_file(tree, change):
 
 
 def test_verification_reads_an_unchanged_file_once(tree, monkeypatch):
-    from mlrepro.data import http as data
+    from mlrepro.data import manifest
 
     folder, _ = _changed_manifest_tree(tree)
-    assert data.verify_manifest(folder / "manifest.json") == []
+    assert manifest.verify_manifest(folder / "manifest.json") == []
     reads = []
-    monkeypatch.setattr(data, "xxh3_file", lambda p: reads.append(p) or "0")
-    assert data.verify_manifest(folder / "manifest.json") == []
+    monkeypatch.setattr(manifest, "xxh3_file", lambda p: reads.append(p) or "0")
+    assert manifest.verify_manifest(folder / "manifest.json") == []
     assert reads == []
     (folder / "train.npy").write_bytes((folder / "train.npy").read_bytes())  # rewritten in place: read again
-    assert data.verify_manifest(folder / "manifest.json") == [f"{folder / 'train.npy'}: content (xxh3_128) differs "
+    assert manifest.verify_manifest(folder / "manifest.json") == [f"{folder / 'train.npy'}: content (xxh3_128) differs "
                                                               "from the manifest: it changed"]
     assert reads == [folder / "train.npy"]
 

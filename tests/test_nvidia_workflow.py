@@ -27,7 +27,7 @@ import yaml
 
 from mlrepro.scoring import checkers
 from mlrepro.container import image as container
-from mlrepro.data import http as data
+from mlrepro.data import mounts
 from workspace import make_workspace, planned_jobs, snakemake_cmd
 
 pytestmark = [pytest.mark.slow]
@@ -187,7 +187,7 @@ def test_every_seed_ran_the_fetched_run_sub_with_sbatch(slurm_run):
 @pytest.mark.slurm
 def test_dataset_and_checkpoint_were_verified_against_expected_mounts(slurm_run):
     ws = slurm_run["ws"]
-    expected = data.read_expected_mounts(fetched_variant(ws) / "expected-mounts.csv")
+    expected = mounts.read_expected_mounts(fetched_variant(ws) / "expected-mounts.csv")
     for stage, key in (("data", "DATADIR"), ("checkpoint", "MODEL")):
         folder = ws / "resources" / BENCH / stage
         manifest = json.loads((folder / "manifest.json").read_text())
@@ -230,7 +230,7 @@ def test_submission_package_passes_the_package_checker(slurm_run):
 
 def test_wrong_size_in_expected_mounts_fails_the_dataset_stage(tmp_path):
     good = (FIXTURE_IMPL / "expected-mounts.csv").read_text()
-    size = next(e.num_bytes for e in data.read_expected_mounts(FIXTURE_IMPL / "expected-mounts.csv")
+    size = next(e.num_bytes for e in mounts.read_expected_mounts(FIXTURE_IMPL / "expected-mounts.csv")
                 if e.relative_path == "train.npy")
     bad = good.replace(f"DATADIR,file,train.npy,1,{size}", f"DATADIR,file,train.npy,1,{size + 1}")
     assert bad != good

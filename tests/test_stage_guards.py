@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from mlrepro import config, stages
-from mlrepro.data import http as data
+from mlrepro.data import checks, pipeline
 from workspace import REPO, make_workspace, run_snakemake
 
 TOKEN = "hf_guard_test_TOKEN_5f0c1e9a7b3d"
@@ -123,7 +123,7 @@ def test_enroot_gets_the_token_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     out = tmp_path / "out"
     out.mkdir()
-    stages._run_script({"script": "scripts/download_model.py", "args": ["--model_dir", "{out}"]}, tmp_path, out,
+    pipeline._run_script({"script": "scripts/download_model.py", "args": ["--model_dir", "{out}"]}, tmp_path, out,
                        str(tmp_path / "image.sqsh"), tmp_path / "logs" / "checkpoint.log",
                        {"HF_TOKEN": TOKEN, "OTHER": "1"})
     seen = json.loads(record.read_text())
@@ -148,25 +148,25 @@ def sparse(path: Path, size: int) -> None:
 def test_llama2_lora_needs_300_gb_for_data_and_checkpoint_together(tmp_path):
     bench = bench_of("llama2_lora")
     for stage in ("dataset", "checkpoint"):
-        needed, why = stages.space_needed(tmp_path, bench, stage)
+        needed, why = pipeline.space_needed(tmp_path, bench, stage)
         assert needed == 300 * 10**9 and "300 GB for its dataset and checkpoint together" in why
     # What is already downloaded (a finished dataset, a partial checkpoint) counts as had.
     sparse(tmp_path / "resources" / "llama2_lora" / "data" / "train.npy", 2 * 10**9)
     sparse(tmp_path / "resources" / "llama2_lora" / ".checkpoint.partial" / "weights" / "a", 100 * 10**9)
-    assert stages.space_needed(tmp_path, bench, "checkpoint")[0] == 198 * 10**9
+    assert pipeline.space_needed(tmp_path, bench, "checkpoint")[0] == 198 * 10**9
 
 
 def test_llama31_405b_needs_2_5_tb_and_its_checkpoint_1_5_tb(tmp_path):
     bench = bench_of("llama31_405b")
     assert bench.min_free_gb == 2500 and bench.checkpoint["min_free_gb"] == 1500
-    needed, why = stages.space_needed(tmp_path, bench, "dataset")
+    needed, why = pipeline.space_needed(tmp_path, bench, "dataset")
     # The checkpoint is used in place (LOAD_CHECKPOINTS_PATH): its 1.5 TB are not written here.
     assert needed == 1000 * 10**9 and "2500 GB" in why and "1500 GB of it used in place" in why
-    assert stages.space_needed(tmp_path, bench, "checkpoint")[0] == 0
+    assert pipeline.space_needed(tmp_path, bench, "checkpoint")[0] == 0
     copied = config.Benchmark(**{**bench.__dict__, "checkpoint": {**bench.checkpoint, "sources": [
         {"rclone": "remote:405b", "into": "405b"}]}})
-    assert stages.space_needed(tmp_path, copied, "checkpoint")[0] == 2500 * 10**9
-    assert stages.space_needed(tmp_path, copied, "dataset")[0] == 2500 * 10**9
+    assert pipeline.space_needed(tmp_path, copied, "checkpoint")[0] == 2500 * 10**9
+    assert pipeline.space_needed(tmp_path, copied, "dataset")[0] == 2500 * 10**9
 
 
 def test_the_stage_says_how_much_is_free_and_needed(tmp_path, monkeypatch):
@@ -177,10 +177,10 @@ def test_the_stage_says_how_much_is_free_and_needed(tmp_path, monkeypatch):
     shutil.copytree(REPO / "tests" / "fixtures" / "nvidia_configs" / "llama2_70b_lora" / "nyx_n1_ngc25.04_nemo", impl)
     (ws / "resources" / "llama2_lora" / "implementation.json").write_text("{}")
     settings = config.load({"benchmarks": ["llama2_lora"], "system": "dgxb200"}, ws)
-    monkeypatch.setattr(data.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 12_300_000_000,
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 12_300_000_000,
                                                                                          12_300_000_000))
     out = ws / "resources" / "llama2_lora" / "data" / "manifest.json"
-    with pytest.raises(data.DataError) as info:
+    with pytest.raises(checks.DataError) as info:
         stages.dataset(settings, "llama2_lora", out, ws / "logs" / "dataset.log")
     message = str(info.value)
     assert "need 300.0 GB, only 12.3 GB free" in message, message

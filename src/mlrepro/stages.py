@@ -17,20 +17,21 @@ from pathlib import Path
 from mlrepro import config as mlrepro_config
 from mlrepro.launch import plan as launch
 from mlrepro.util import secrets
-from mlrepro.util.fsutil import atomic_dir, atomic_write_json, private_umask
+from mlrepro.util.fsutil import atomic_write_json, private_umask
 
 log = logging.getLogger("mlrepro.stages")
 
 
 def implementation(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
     """Fetch a git implementation at its pinned commit into resources/<benchmark>/implementation/."""
-    from mlrepro.implementation import configs as implementations
+    from mlrepro.implementation.configs import list_configs
+    from mlrepro.implementation.fetch import fetch_implementation
 
     bench = settings.benchmark(benchmark)
     git = bench.implementation_git
     dest = settings.root / "resources" / benchmark / "implementation"
-    folder = implementations.fetch_implementation(git["url"], git["commit"], git["folder"], dest)
-    atomic_write_json(out, {**git, "path": str(folder), "configs": [str(p) for p in implementations.list_configs(folder)]})
+    folder = fetch_implementation(git["url"], git["commit"], git["folder"], dest)
+    atomic_write_json(out, {**git, "path": str(folder), "configs": [str(p) for p in list_configs(folder)]})
 
 
 def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
@@ -55,161 +56,27 @@ def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> N
     )
 
 
-# Where a source's files go inside the container, when the script runs in one.
-CONTAINER_OUT = "/mlrepro/out"
-
-
-def _download(settings: mlrepro_config.Settings, benchmark: str, stage: str, out: Path, log_path: Path) -> None:
-    """Fill resources/<benchmark>/<stage>/ from the benchmark's sources, verify it, write its manifest."""
-    from mlrepro.data import http as data
-
-    bench = settings.benchmark(benchmark)
-    spec = getattr(bench, stage)
-    if spec is None:
-        raise mlrepro_config.ConfigError(f"{bench.source}: {stage}: not configured")
-    # Everything that can fail without downloading fails first.
-    # A script in a container gets the token by name only (`--env HF_TOKEN`): its value stays
-    # in the environment, off every command line and, redacted, out of every log.
-    token_env = {TOKEN_ENV: data.require_token(TOKEN_ENV, purpose=f"the {benchmark} {stage}")} \
-        if spec["needs_token"] else {}
-    impl = launch.implementation_config(bench, settings.system).path.parent
-    mounts_csv = impl / "expected-mounts.csv"
-    expected = data.read_expected_mounts(mounts_csv) if mounts_csv.is_file() else []
-    # Absolute: the implementation's scripts run from its own folder (or in a container).
-    folder = out.resolve().parent
-    needed, why = space_needed(settings.root, bench, stage)
-    data.check_free_space(folder.parent, needed, why=why)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("")
-    record: dict = {"benchmark": benchmark, "stage": stage, "sources": spec["sources"]}
-    image = _stage_image(settings, benchmark)
-
-    # What an interrupted attempt left is resumed only where the tools check it (data.resumable).
-    with atomic_dir(folder, resume=data.resumable(spec["sources"])) as partial:
-        for source in spec["sources"]:
-            where = partial / source["into"] if source["into"] else partial
-            if "user_path" in source:
-                where = _user_folder(source)
-                record["location"] = str(where)
-                checked = where / source["into"] if source["into"] else where
-            else:
-                where.mkdir(parents=True, exist_ok=True)
-                checked = where
-                if "script" in source:
-                    _run_script(source, impl, where, image, log_path, {**bench.env, **token_env})
-                elif "hub" in source:
-                    hub = source["hub"]
-                    data.hub_download(hub["repo_id"], where, repo_type=hub["repo_type"], revision=hub.get("revision"),
-                                      allow_patterns=hub.get("allow_patterns"), token_required=spec["needs_token"])
-                else:
-                    data.run_logged(["rclone", "copy", source["rclone"], str(where)], env={}, log_path=log_path)
-                if source.get("cleanup"):
-                    for line in data.apply_cleanup(where, source["cleanup"]):
-                        log.info("%s cleanup: %s", stage, line)
-            if source.get("expected_mounts"):
-                entries = [e for e in expected if e.key == source["expected_mounts"]]
-                if not entries:
-                    raise data.DataError(f"{mounts_csv} has no rows for {source['expected_mounts']}")
-                problems = data.verify_mounts(checked, entries)
-                if problems:
-                    raise data.DataError(
-                        f"{stage} does not match {mounts_csv.name} ({source['expected_mounts']}):\n  "
-                        + "\n  ".join(problems[:20]))
-        for name in data.drop_transfer_state(partial):
-            log.info("%s: removed transfer leftover %s", stage, name)
-        total = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
-        # Hashing a 140 GB checkpoint would take longer than downloading it; sizes are checked.
-        data.write_manifest(partial, partial / out.name, extra=record, hash=total < 2**30, final_root=folder)
-
-
-TOKEN_ENV = "HF_TOKEN"
-GB = 10**9
-
-
-def _bytes_under(*folders: Path) -> int:
-    return sum(f.stat().st_size for folder in folders if folder.is_dir() for f in folder.rglob("*") if f.is_file())
-
-
-def space_needed(root: Path, bench: mlrepro_config.Benchmark, stage: str) -> tuple[int, str]:
-    """Free bytes the stage needs before it starts, and why (NVIDIA's figures, in the benchmark's config).
-
-    The benchmark's min_free_gb covers the dataset and the checkpoint together; the stage's own
-    covers itself. What resources/<benchmark>/ already holds (a finished stage, a partial download)
-    counts as had, and a stage used in place (user_path sources only) writes nothing here.
-    """
-    def in_place(spec) -> bool:
-        return all("user_path" in source for source in spec["sources"])
-
-    spec = getattr(bench, stage)
-    if in_place(spec):
-        return 0, f"{stage} is used in place"
-    folders = {name: launch.stage_folder(root, bench.name, name) for name in launch.STAGE_FOLDERS}
-    held = {name: _bytes_under(f, f.parent / f".{f.name}.partial") for name, f in folders.items()}
-    others_in_place = sum(getattr(bench, name)["min_free_gb"] for name in folders
-                          if getattr(bench, name) and in_place(getattr(bench, name)))
-    total = bench.min_free_gb * GB - sum(held.values()) - others_in_place * GB
-    own = spec["min_free_gb"] * GB - held[stage]
-    why = [f"{bench.name} needs {bench.min_free_gb:g} GB for its dataset and checkpoint together"
-           + (f", {others_in_place:g} GB of it used in place" if others_in_place else "")
-           + f"; resources/{bench.name}/ holds {sum(held.values()) / GB:,.1f} GB of it"] if bench.min_free_gb else []
-    if spec["min_free_gb"]:
-        why.append(f"the {stage} alone needs {spec['min_free_gb']:g} GB, {held[stage] / GB:,.1f} GB of it there")
-    return max(0, int(total), int(own)), "; ".join(why)
-
-
-def _user_folder(source: dict) -> Path:
-    from mlrepro.data import http as data
-
-    name = source["user_path"]
-    value = os.environ.get(name)
-    if not value:
-        raise data.DataError(f"{name} is not set: export {name}=<folder that holds {source['into'] or 'the files'}>")
-    folder = Path(value).expanduser()
-    if not folder.is_dir():
-        raise data.DataError(f"{name}={value} is not a folder")
-    return folder
-
-
-def _stage_image(settings, benchmark: str) -> str | None:
-    """The image download scripts run in: the .sqsh (enroot), the podman tag, or None (host)."""
-    runtime = settings.system.container_runtime
-    if runtime == "none":
-        return None
-    record = json.loads((settings.root / "results" / benchmark / "container.json").read_text())
-    return (record.get("sqsh") or {}).get("path") or record["tag"]
-
-
-def _run_script(source: dict, impl: Path, where: Path, image: str | None, log_path: Path, env: dict) -> None:
-    from mlrepro.data import http as data
-
-    if image is None:
-        args = [a.replace("{out}", str(where)) for a in source["args"]]
-        data.run_download_script(impl / source["script"], args, env={**os.environ, **env}, log_path=log_path, workdir=impl)
-    else:
-        # In the image the implementation is its working directory, as in NVIDIA's READMEs.
-        args = [a.replace("{out}", CONTAINER_OUT) for a in source["args"]]
-        data.run_download_script(source["script"], args, env=env, log_path=log_path, container=image,
-                                 mounts={str(where): CONTAINER_OUT})
-
-
 def dataset(settings, benchmark: str, out: Path, log_path: Path) -> None:
-    _download(settings, benchmark, "dataset", out, log_path)
+    from mlrepro.data import pipeline
+
+    pipeline.fill_stage(settings, benchmark, "dataset", out, log_path)
 
 
 def base_checkpoint(settings, benchmark: str, out: Path, log_path: Path) -> None:
-    _download(settings, benchmark, "checkpoint", out, log_path)
+    from mlrepro.data import pipeline
+
+    pipeline.fill_stage(settings, benchmark, "checkpoint", out, log_path)
 
 
 def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -> None:
     """Run the seed, retrying a failed attempt up to the benchmark's `retries` times."""
     plan = launch.plan_seed(settings, benchmark, seed)
     bench = settings.benchmark(benchmark)
-    run = launch.run_seed_slurm if plan.scheduler == "slurm" else launch.run_seed_local
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
     launch.verify_inputs(plan, settings.root)
     for attempt in range(bench.retries + 1):
         try:
-            run(plan, settings.system, log_path)
+            launch.run_seed(plan, settings.system, log_path)
             launch.finish_seed(plan, log_path, out, bench.not_converged)
             return
         except launch.SeedFailed as exc:
@@ -221,8 +88,7 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
 def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:
     from mlrepro.scoring import score as scoring
 
-    run = scoring.score_run(mllog_path, settings.benchmark(benchmark).scoring_rules())
-    run["seed"] = seed if run.get("seed") is None else run["seed"]
+    run = scoring.score_run(mllog_path, settings.benchmark(benchmark).scoring_rules(), seed=seed)
     atomic_write_json(out, run)
 
 
@@ -342,12 +208,11 @@ def _with_generated_note(desc: dict, bench, system) -> dict:
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says everything: shown without a traceback."""
     from mlrepro.container import image as containers
-    from mlrepro.data import http as data
+    from mlrepro.data.checks import DataError
     from mlrepro.implementation import configs as implementation
-
     from mlrepro.scoring import reference
 
-    return (data.DataError, implementation.ImplementationError, containers.ContainerError, reference.ReferenceError)
+    return (DataError, implementation.ImplementationError, containers.ContainerError, reference.ReferenceError)
 
 
 @contextlib.contextmanager

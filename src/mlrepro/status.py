@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from mlrepro import layout
 from mlrepro.slurm import client as slurm
 
-SEED_DIR = re.compile(r"^seed_(\d+)$")
 
 # What a seed is, in the user's words.
 DONE = "done"
@@ -162,13 +162,9 @@ def seed_status(seed: int, folder: Path,
 def benchmark_status(benchmark_dir: Path, seeds: Iterable[int] | None = None,
                      job_info: Callable[[str], slurm.JobInfo] | None = None) -> list[SeedStatus]:
     """Every seed's status: the seed folders found plus any expected `seeds` without one."""
-    found = {}
-    for child in (benchmark_dir.iterdir() if benchmark_dir.is_dir() else ()):
-        m = SEED_DIR.match(child.name)
-        if m and child.is_dir():
-            found[int(m.group(1))] = child
+    found = layout.seed_dirs(benchmark_dir)
     wanted = sorted(set(found) | set(seeds or ()))
-    return [seed_status(s, found.get(s, benchmark_dir / f"seed_{s}"), job_info) for s in wanted]
+    return [seed_status(s, found.get(s, layout.seed_dir(benchmark_dir.parent.parent, benchmark_dir.name, s)), job_info) for s in wanted]
 
 
 def configured_seeds(benchmark_dir: Path) -> list[int] | None:

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
+from mlrepro import layout
 from mlrepro.launch import plan as launch
 from mlrepro import systems as mlrepro_systems
 from mlrepro.util.fsutil import private_umask
@@ -68,9 +69,14 @@ def slurm_resources():
     return {key: value for key, value in named.items() if value}
 
 
+def seed_file(name):
+    """A file of one seed's folder, as a pattern with {benchmark} and {seed} (see mlrepro.layout)."""
+    return layout.seed_file_pattern(name)
+
+
 def seed_files(name):
     """Input helper: one file per configured seed of the benchmark, e.g. seed_files("mllog.txt")."""
-    return lambda wc: [f"results/{wc.benchmark}/seed_{s}/{name}" for s in bench(wc.benchmark).seeds]
+    return lambda wc: layout.seed_files(wc.benchmark, bench(wc.benchmark).seeds, name)
 
 
 def seed_results(wc):

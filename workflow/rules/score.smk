@@ -1,8 +1,8 @@
 rule score_seed:
     input:
-        "results/{benchmark}/seed_{seed}/mllog.txt",
+        seed_file("mllog.txt"),
     output:
-        "results/{benchmark}/seed_{seed}/run.json",
+        seed_file("run.json"),
     log:
         "logs/{benchmark}/score_seed_{seed}.log",
     localrule: True

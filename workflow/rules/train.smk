@@ -7,9 +7,9 @@ rule train_seed:
         checkpoint=ancient("resources/{benchmark}/checkpoint/manifest.json"),
         implementation=lambda wc: [ancient(f) for f in implementation_ready(wc)],
     output:
-        "results/{benchmark}/seed_{seed}/mllog.txt",
+        seed_file("mllog.txt"),
     log:
-        "results/{benchmark}/seed_{seed}/run.log",
+        seed_file("run.log"),
     params:
         plan=lambda wc: seed_plan(wc, "describe"),
     message:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from mlrepro.data import http as data
+from mlrepro.data import checks, http
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -102,9 +102,9 @@ def fetch_shard(shard: Shard, dest: Path, *, retries: int, token: str | None, ex
             os.replace(tmp, dest)
         return dest.stat().st_size
     try:
-        data.http_download(shard.source, dest, retries=retries, token=token,
+        http.http_download(shard.source, dest, retries=retries, token=token,
                            expected_size=(expected or {}).get("size"), sha256=(expected or {}).get("sha256"))
-    except data.DownloadError as exc:
+    except checks.DownloadError as exc:
         if _is_not_found(exc):
             return None
         raise
@@ -118,7 +118,7 @@ def download_share(shards: list[Shard], rank: int, world: int, folder: Path, rep
 
     `already(shard)` says a shard is done in a later form (extracted, its .zst removed).
     """
-    token = data.require_token(token_env, purpose="download the corpus") if token_env else None
+    token = checks.require_token(token_env, purpose="download the corpus") if token_env else None
     mine = [shards[p] for p in share(len(shards), rank, world)]
     log.info("task %d of %d: %d shards (positions %s)", rank, world, len(mine),
              f"{mine[0].position}..{mine[-1].position}" if mine else "none")
@@ -135,7 +135,7 @@ def download_share(shards: list[Shard], rank: int, world: int, folder: Path, rep
         for fut in futures:
             try:
                 shard, size = fut.result()
-            except data.DataError as exc:
+            except checks.DataError as exc:
                 errors.append(str(exc))
                 continue
             if size is None:

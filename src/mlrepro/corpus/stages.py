@@ -19,7 +19,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from mlrepro.data import http as data
+from mlrepro.data import checks, http
 from mlrepro.corpus import blend, concat, extract, preprocess, shards
 from mlrepro.util.fsutil import atomic_write_json
 
@@ -119,7 +119,7 @@ def fetch_tokenizer(corpus: dict, root: Path, out_dir: Path) -> dict:
             continue
         dest = out_dir / Path(source.rstrip("/")).name
         if "://" in source:
-            data.http_download(source, dest)
+            http.http_download(source, dest)
         else:
             src = Path(source) if Path(source).is_absolute() else Path(root) / source
             if src.is_dir():
@@ -173,7 +173,7 @@ def run_from_snakemake(smk) -> None:
         "corpus_preprocess": lambda: preprocess_chunk(corpus, root, Path(smk.input.jsonl), wc.key, out, smk.threads),
         "corpus_blend": lambda: write_blend(corpus, list(map(Path, smk.input)), out),
     }
-    errors = (shards.CorpusError, extract.ExtractError, preprocess.InputError, data.DataError, mlrepro_config.ConfigError)
+    errors = (shards.CorpusError, extract.ExtractError, preprocess.InputError, checks.DataError, mlrepro_config.ConfigError)
     with stage_process(Path(smk.log[0])):
         try:
             calls[smk.rule]()

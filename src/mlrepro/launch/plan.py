@@ -1,16 +1,10 @@
-"""Launch one seed's training run the way the implementation's run.sub would.
+"""One seed's launch plan (config, shape, environment, sbatch line), its checks and its records; the backend chosen here.
 
 A seed is one run of the implementation: run_and_time.sh with the environment that
 config_<SYS>.sh exports plus DATADIR, MODEL, LOGDIR and SEED. On a `local` system it runs
-through submitit's LocalExecutor (timeout = the config's wall-time); on a `slurm` system
-run.sub itself is the batch script, submitted once per seed with sbatch.
-
-Seed folder contract (results/<benchmark>/seed_<seed>/, private to the user):
-  mllog.txt     the run's MLLOG lines; written last, atomically: its presence means "done"
-  run.log       the output of the last attempt that ended (the rule's log), secrets redacted
-  attempt_<K>/  each attempt's own folder (LOGDIR): its run.log or Slurm logs, submitit's files
-  job.json      the launch of the current attempt (local owner and marker, or Slurm job id)
-  failure.json  why the last attempt failed; removed when an attempt succeeds
+through submitit's LocalExecutor (mlrepro.launch.local; timeout = the config's wall-time); on a
+`slurm` system run.sub itself is the batch script, submitted once per seed with sbatch
+(mlrepro.launch.slurm). The seed folder's files are listed in mlrepro.layout.
 
 Before a seed starts, its dataset and checkpoint are checked against their manifests
 (`verify_inputs`), and whatever an earlier attempt left running is killed (mlrepro.util.proctree).
@@ -23,25 +17,24 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
-import json
 import logging
-import os
 import shlex
-import signal
-import socket
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlrepro import layout
+from mlrepro.config import (
+    RUN_ENV_PLACEHOLDERS,
+    Benchmark,
+    ConfigError,
+    Settings,
+    System,
+)
 from mlrepro.implementation import configs as implementation
 from mlrepro.scoring import mllog
-from mlrepro.util import secrets
-from mlrepro.config import RUN_ENV_PLACEHOLDERS, Benchmark, ConfigError, Settings, System
-from mlrepro.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
-log = logging.getLogger("mlrepro.launch.plan")
+log = logging.getLogger(__name__)
 
 
 class SeedFailed(RuntimeError):
@@ -92,22 +85,6 @@ def _plannable(benchmark: Benchmark) -> bool:
             and bool(implementation.list_configs(folder)))
 
 
-STAGE_FOLDERS = {"dataset": "data", "checkpoint": "checkpoint"}
-
-
-def stage_folder(root: Path, benchmark: str, stage: str) -> Path:
-    """Where the dataset or checkpoint stage writes: resources/<benchmark>/{data,checkpoint}."""
-    return root / "resources" / benchmark / STAGE_FOLDERS[stage]
-
-
-def stage_location(root: Path, benchmark: str, stage: str) -> Path:
-    """The folder runs read a stage's files from: its own, or the user's folder it recorded."""
-    folder = stage_folder(root, benchmark, stage)
-    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
-        return Path(json.loads((folder / "manifest.json").read_text())["location"])
-    return folder
-
-
 @dataclass(frozen=True)
 class SeedPlan:
     benchmark: str
@@ -156,8 +133,8 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
     system = settings.system
     cfg = implementation_config(benchmark, system)
     root = settings.root
-    seed_dir = root / "results" / benchmark_name / f"seed_{seed}"
-    places = {stage: str(stage_location(root, benchmark_name, stage)) for stage in RUN_ENV_PLACEHOLDERS}
+    seed_dir = layout.seed_dir(root, benchmark_name, seed)
+    places = {stage: str(layout.stage_location(root, benchmark_name, stage)) for stage in RUN_ENV_PLACEHOLDERS}
     env = {
         **cfg.env,
         **benchmark.env,
@@ -240,13 +217,13 @@ def record_failure(seed_dir: Path, reason: str, **details) -> bool:
 
 def verify_inputs(plan: SeedPlan, root: Path) -> None:
     """Fail the seed, naming the file, when its dataset or checkpoint changed after its manifest was written."""
-    from mlrepro.data import http as data
+    from mlrepro.data.manifest import verify_manifest
 
     problems = []
-    for stage in STAGE_FOLDERS:
-        manifest = stage_folder(root, plan.benchmark, stage) / "manifest.json"
+    for stage in layout.STAGE_FOLDERS:
+        manifest = layout.stage_folder(root, plan.benchmark, stage) / "manifest.json"
         if manifest.is_file():
-            problems += data.verify_manifest(manifest)
+            problems += verify_manifest(manifest)
     if problems:
         record_failure(plan.seed_dir, "input files changed since their manifest: " + "; ".join(problems[:5]),
                        state="INPUT_CHANGED", problems=problems)
@@ -273,130 +250,6 @@ def finish_seed(plan: SeedPlan, run_log: Path, mllog_out: Path, not_converged: s
             (plan.seed_dir / name).unlink()
 
 
-# ---------------------------------------------------------------- local (submitit)
-
-
-# What run_and_time returns when the wall-time ran out (as timeout(1) does).
-WALLTIME_EXIT = 124
-# What it returns when the run's log could not be written (disk full, read-only): the run is stopped.
-LOG_WRITE_EXIT = 125
-
-
-class _WallTime(Exception):
-    pass
-
-
-def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: str) -> int:
-    """Run run_and_time.sh to completion; executed by submitit in its own process.
-
-    `env` holds the run's settings only; secrets reach the run through this process's own
-    environment (inherited from the workflow), because `env` is pickled to disk by submitit.
-    The output goes to `log_path` with secrets redacted as it is written. Every process of
-    the run carries the seed's marker (see mlrepro.util.proctree): a cancel (SIGINT/SIGTERM from
-    submitit or Snakemake), the wall-time (submitit's SIGUSR2) or the end of the run kills
-    all of them, including ranks that torchrun started in sessions of their own.
-    """
-    import threading
-
-    from mlrepro.util import proctree
-    from mlrepro.util import secrets
-
-    child_env = {**os.environ, **env}
-    marker = child_env[proctree.MARKER]
-    hide = secrets.redactor(child_env)
-    write_error: list[str] = []
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(
-            ["bash", "run_and_time.sh"],
-            cwd=implementation_dir,
-            env=child_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        Path(pid_file).write_text(str(proc.pid))
-
-        def pump():
-            for line in proc.stdout:
-                if write_error:
-                    continue  # keep draining so the run is never blocked on a full pipe
-                try:
-                    out.write(hide.line_bytes(line))
-                    out.flush()
-                except OSError as exc:
-                    write_error.append(f"cannot write the run's log {log_path}: {exc.strerror}")
-                    with contextlib.suppress(proctree.Survivors):
-                        proctree.kill(marker)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-
-        def stop(signum, _frame):
-            with contextlib.suppress(proctree.Survivors):
-                proctree.kill(marker)
-            if signum == signal.SIGUSR2:
-                raise _WallTime
-            raise SystemExit(128 + signum)
-
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
-            signal.signal(sig, stop)
-        try:
-            rc = proc.wait()
-            # What outlived run_and_time.sh (a rank in its own session) would hold the pipe open.
-            with contextlib.suppress(proctree.Survivors):
-                proctree.kill(marker)
-            reader.join()
-        except _WallTime:
-            proc.wait()
-            reader.join()
-            with contextlib.suppress(OSError):
-                out.write(b"\nmlrepro: wall-time reached, run stopped\n")
-            return WALLTIME_EXIT
-        finally:
-            # Ranks that outlived run_and_time.sh must not outlive the seed.
-            with contextlib.suppress(proctree.Survivors):
-                proctree.kill(marker)
-    if write_error:
-        print(write_error[0], file=sys.stderr)
-        return LOG_WRITE_EXIT
-    return rc
-
-
-@contextlib.contextmanager
-def _environ(**values: str):
-    """os.environ with `values` added for the duration (submitit starts its job with os.environ)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
-    """Whatever an earlier attempt or a killed workflow left running would race the new
-    attempt: stop it all, and start nothing while any of it is left."""
-    from mlrepro.util import proctree
-
-    job = _read_json(seed_dir / "job.json") or {}
-    if job.get("scheduler") == "local" and job.get("host") == socket.gethostname():
-        # The process that waited on that attempt (its workflow may be gone, it may not).
-        proctree.kill_process(int(job.get("owner_pid") or 0), job.get("owner_start"))
-    try:
-        stopped = proctree.kill(marker)
-    except proctree.Survivors as exc:
-        record_failure(seed_dir, str(exc), state="LEFTOVER_PROCESSES")
-        raise SeedFailed(f"seed {seed_dir.name}: {exc}", retry=False) from None
-    if stopped:
-        log.warning("%s: stopped %d process(es) left by an earlier attempt: %s", seed_dir.name, len(stopped),
-                    ", ".join(f"{p.pid} {p.command[:60]}" for p in stopped))
-
-
 def _next_attempt(seed_dir: Path) -> int:
     numbers = [int(p.name.split("_")[1]) for p in seed_dir.glob("attempt_*") if p.name.split("_")[1].isdigit()]
     return max(numbers, default=0) + 1
@@ -416,116 +269,6 @@ def _private(*folders: Path) -> None:
             folder.chmod(0o700)
 
 
-def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
-    import submitit
-
-    from mlrepro.util import proctree
-
-    seed_dir = plan.seed_dir
-    marker = proctree.seed_marker(seed_dir)
-    try:
-        seed_dir.mkdir(parents=True, exist_ok=True)
-        _private(seed_dir, *seed_dir.glob("attempt_*"), *seed_dir.glob(".submitit"))
-    except OSError as exc:
-        _io_failure(plan, exc)
-    _stop_earlier_attempts(seed_dir, marker)
-    attempt = _next_attempt(seed_dir)
-    logdir = seed_dir / f"attempt_{attempt}"
-    attempt_log = logdir / "run.log"
-    reserve = seed_dir / RESERVE_NAME
-    watchdog = None
-    try:
-        logdir.mkdir(mode=0o700)
-        _reserve(reserve)
-        attempt_log.write_text("")
-        atomic_write_text(run_log, f"attempt {attempt} running; its log is {attempt_log}\n")
-        executor = submitit.LocalExecutor(folder=logdir / ".submitit", max_num_timeout=0)
-        gpus = plan.gpus_per_node if system.device == "cuda" else 0
-        # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
-        executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
-                                   signal_delay_s=5)
-        env = _run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"), **{proctree.MARKER: marker},
-                       **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu" else {}))
-        watchdog = proctree.start_watchdog(marker)
-        # submitit's controller and job inherit os.environ: with the marker they are the seed's too.
-        with _environ(**{proctree.MARKER: marker}):
-            job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(attempt_log),
-                                  str(logdir / "run.pid"))
-        atomic_write_json(
-            seed_dir / "job.json",
-            {"scheduler": "local", "host": socket.gethostname(), "controller_pid": int(job.job_id),
-             "owner_pid": os.getpid(), "owner_start": proctree.start_time(os.getpid()), "attempt": attempt,
-             "logdir": str(logdir), "submitted": _now(), "ranks": plan.ranks,
-             "walltime_minutes": plan.walltime_minutes},
-        )
-
-        def cancel(signum, _frame):
-            job.cancel()
-            with contextlib.suppress(proctree.Survivors):
-                proctree.kill(marker)
-            raise SystemExit(128 + signum)
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, cancel)
-        try:
-            rc = job.result()
-        except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as exc:
-            # On a full or read-only disk submitit cannot even store the result: say so.
-            _probe_writable(logdir)
-            record_failure(seed_dir, f"launcher failed: {str(exc).splitlines()[0]}", state="FAILED", attempt=attempt)
-            raise SeedFailed(f"seed {plan.seed}: launcher failed; see {logdir / '.submitit'}") from None
-        finally:
-            _take_log(attempt_log, run_log)
-    except OSError as exc:
-        _io_failure(plan, exc)
-    finally:
-        with contextlib.suppress(proctree.Survivors):
-            proctree.kill(marker)
-        if watchdog is not None:
-            watchdog.terminate()
-            watchdog.wait()
-    if rc == LOG_WRITE_EXIT:
-        try:
-            _probe_writable(logdir)
-        except OSError as exc:
-            _io_failure(plan, exc)
-        _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
-    if rc == WALLTIME_EXIT:
-        record_failure(seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT",
-                       attempt=attempt)
-        raise SeedFailed(f"seed {plan.seed}: timeout after {plan.walltime_minutes} min; see {run_log}")
-    if rc != 0:
-        record_failure(seed_dir, f"run_and_time.sh exited with {rc}", state="FAILED", exit_code=rc, attempt=attempt)
-        raise SeedFailed(f"seed {plan.seed}: run_and_time.sh exited with {rc}; see {run_log}")
-
-
-def _take_log(attempt_log: Path, run_log: Path) -> None:
-    """The rule's run.log becomes the attempt's own log (each attempt keeps its own in attempt_K/)."""
-    with contextlib.suppress(OSError):
-        atomic_write_bytes(run_log, attempt_log.read_bytes())
-
-
-
-
-def _reserve(path: Path) -> None:
-    with open(path, "wb") as fh:
-        with contextlib.suppress(OSError, AttributeError):
-            os.posix_fallocate(fh.fileno(), 0, RESERVE_BYTES)
-
-
-def _probe_writable(folder: Path) -> None:
-    """Raise the OSError that writing into `folder` gives now, if any."""
-    probe = folder / ".write-probe"
-    try:
-        with open(probe, "wb") as fh:
-            fh.write(b"\0" * 4096)
-            fh.flush()
-            os.fsync(fh.fileno())
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-
-
 def _io_failure(plan: SeedPlan, exc: OSError) -> None:
     """A full or read-only results folder fails the seed with its reason, not a traceback.
     Not retried in this invocation: the disk does not change by itself; a rerun recovers."""
@@ -536,128 +279,10 @@ def _io_failure(plan: SeedPlan, exc: OSError) -> None:
     raise SeedFailed(f"seed {plan.seed}: {reason}", retry=False) from None
 
 
-# ---------------------------------------------------------------- Slurm (run.sub per seed)
-
-# States after which a node is suspected: the seed's retry avoids the nodes it ran on.
-NODE_SUSPECT_STATES = {"NODE_FAIL", "FAILED", "OUT_OF_MEMORY"}
-
-
-def _read_json(path: Path) -> dict | None:
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        return json.loads(path.read_text())
-    return None
-
-
-def _container_image(plan: SeedPlan) -> str:
-    """What run.sub gets as CONT: the .sqsh, the pushed or built image, or `none` to run on the host."""
-    record = _read_json(plan.seed_dir.parent / "container.json") or {}
-    if record.get("runtime", "none") == "none":
-        return "none"
-    return (record.get("sqsh") or {}).get("path") or (record.get("push") or {}).get("ref") or record["tag"]
-
-
-def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
-    from mlrepro.slurm import client as slurm
-
-    seed_dir = plan.seed_dir
-    logdir = seed_dir / f"attempt_{attempt}"
-    logdir.mkdir(parents=True, exist_ok=True)
-    suspects = sorted(set((_read_json(seed_dir / "failure.json") or {}).get("suspect_nodes", [])))
-    kwargs = dict(
-        nodes=plan.nodes,
-        time_minutes=plan.walltime_minutes,
-        partition=system.partition,
-        account=system.account,
-        job_name=job_name(plan.benchmark, plan.seed, plan.seed_dir),
-        output=str(logdir / "slurm-%j.out"),
-        env=_run_env(plan, logdir, CONT=_container_image(plan)),
-        workdir=str(logdir),
-    )
-    exclude = tuple(system.exclude_nodes) + tuple(n for n in suspects if n not in system.exclude_nodes)
-    try:
-        job_id = slurm.submit(plan.implementation_dir / "run.sub", exclude=exclude, **kwargs)
-    except slurm.SlurmError as exc:
-        if not suspects:
-            raise
-        # Too few nodes left without the suspects: run anyway rather than never.
-        log.warning("seed %d: cannot exclude %s (%s); submitting without", plan.seed, ",".join(suspects), exc)
-        exclude = tuple(system.exclude_nodes)
-        job_id = slurm.submit(plan.implementation_dir / "run.sub", exclude=exclude, **kwargs)
-    job = {
-        "scheduler": "slurm",
-        "job_id": job_id,
-        "attempt": attempt,
-        "logdir": str(logdir),
-        "exclude": list(exclude),
-        "sbatch": slurm.sbatch_command(plan.implementation_dir / "run.sub", exclude=exclude, **{k: v for k, v in kwargs.items() if k not in ("env", "workdir")}),
-        "submitted": _now(),
-    }
-    atomic_write_json(seed_dir / "job.json", job)
-    log.info("seed %d: submitted Slurm job %s (attempt %d)", plan.seed, job_id, attempt)
-    return job
-
-
-def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
-    """The seed's Slurm job to wait for: a live or finished-unread one from before, else a new one."""
-    from mlrepro.slurm import client as slurm
-
-    job = _read_json(plan.seed_dir / "job.json")
-    if job and job.get("scheduler") == "slurm":
-        info = slurm.job_info(job["job_id"], status_command=system.slurm_status_command)
-        # UNKNOWN: Slurm has forgotten the job (purged from accounting); it cannot be waited for.
-        if info.state != "UNKNOWN" and (not slurm.is_terminal(info.state) or not job.get("collected")):
-            log.info("seed %d: re-attaching to Slurm job %s (%s)", plan.seed, job["job_id"], info.state)
-            return job
-    # A job submitted just before the workflow died may not have reached job.json.
-    for live in slurm.find_jobs(job_name(plan.benchmark, plan.seed, plan.seed_dir), status_command=system.slurm_status_command):
-        if not live.terminal and (job is None or live.job_id != job.get("job_id")):
-            log.info("seed %d: re-attaching to unrecorded Slurm job %s", plan.seed, live.job_id)
-            attempt = (job or {}).get("attempt", 0) + 1
-            logdir = plan.seed_dir / f"attempt_{attempt}"
-            job = {"scheduler": "slurm", "job_id": live.job_id, "attempt": attempt, "logdir": str(logdir), "submitted": None}
-            atomic_write_json(plan.seed_dir / "job.json", job)
-            return job
-    return _submit(plan, system, attempt=(job or {}).get("attempt", 0) + 1)
-
-
-def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
-    try:
-        _run_seed_slurm(plan, system, run_log)
-    except OSError as exc:
-        _io_failure(plan, exc)
-
-
-def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
-    from mlrepro.slurm import client as slurm
-
-    seed_dir = plan.seed_dir
-    seed_dir.mkdir(parents=True, exist_ok=True)
-    job = _attach_or_submit(plan, system)
-    info = slurm.wait(job["job_id"], poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command)
-    # The job's own logs are redacted in place as soon as it ends; run.log is made from them.
-    for written in Path(job["logdir"]).glob("*"):
-        if written.is_file() and written.suffix in (".log", ".out", ".txt"):
-            with contextlib.suppress(OSError):
-                secrets.redact_file(written)
-    logs = sorted(Path(job["logdir"]).glob("*_1.log"))
-    run_log.write_text("".join(p.read_text(errors="replace") for p in logs) if logs else "")
-    atomic_write_json(
-        seed_dir / "job.json",
-        {**job, "collected": _now(), "state": info.state, "end": info.end, "elapsed_s": info.elapsed_seconds,
-         "nodes": list(info.nodes)},
-    )
-    if info.state != "COMPLETED":
-        previous = (_read_json(seed_dir / "failure.json") or {}).get("suspect_nodes", [])
-        suspects = sorted(set(previous) | (set(info.nodes) if info.state in NODE_SUSPECT_STATES else set()))
-        record_failure(
-            seed_dir, f"Slurm job {job['job_id']} ended {info.state}" + (f" (exit code {info.exit_code})" if info.exit_code else ""),
-            state=info.state, exit_code=info.exit_code, job_id=job["job_id"], nodes=list(info.nodes),
-            suspect_nodes=suspects, attempt=job["attempt"],
-        )
-        raise SeedFailed(
-            f"seed {plan.seed}: Slurm job {job['job_id']} ended {info.state}; see {job['logdir']}",
-            retry=info.state != "CANCELLED",
-        )
-    if not logs:
-        record_failure(seed_dir, f"Slurm job {job['job_id']} wrote no run log in {job['logdir']}", state="NO_LOG", job_id=job["job_id"])
-        raise SeedFailed(f"seed {plan.seed}: no run log in {job['logdir']}")
+def run_seed(plan: SeedPlan, system: System, run_log: Path) -> None:
+    """Run one attempt of the seed on the backend of the system's scheduler (the one place it is chosen)."""
+    if plan.scheduler == "slurm":
+        from mlrepro.launch.slurm import run_seed_slurm as run
+    else:
+        from mlrepro.launch.local import run_seed_local as run
+    run(plan, system, run_log)

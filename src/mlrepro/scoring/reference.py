@@ -128,7 +128,7 @@ def _log_files(folder: Path) -> list[Path]:
 def fetch_published(git: dict, chosen_system: str, nodes: int, gpus_per_node: int, accelerator: str | None,
                     rules: scoring.Rules, dest: Path) -> dict:
     """Fetch the submitter's systems and the chosen system's result logs at the pinned commit; score them."""
-    from mlrepro.implementation import configs as implementation
+    from mlrepro.implementation import fetch as implementation
 
     submitter, benchmark = submission_parts(git["folder"])
     try:

@@ -170,15 +170,15 @@ def _mlperf_target(benchmark: str, ruleset: str) -> tuple[str, float, str]:
 # ---------------------------------------------------------------- one run
 
 
-def _seed_of(log: ParsedLog, path: Path) -> int | None:
+def _logged_seed(log: ParsedLog) -> int | None:
+    """The seed the run logged (`mlrepro score` on loose files); the workflow passes the seed instead."""
     rec = log.first("seed")
     if rec is not None:
         try:
             return int(rec.value)
         except (TypeError, ValueError, OverflowError):
             pass
-    m = re.search(r"seed[_-]?(\d+)", str(path))
-    return int(m.group(1)) if m else None
+    return None
 
 
 def _number(x: Any) -> float | None:
@@ -230,7 +230,7 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     path = Path(log_path)
     log = parse_log(path)
     reasons: list[str] = []
-    run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _seed_of(log, path)}
+    run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _logged_seed(log)}
 
     logged_bench = log.value("submission_benchmark")
     run["benchmark"] = logged_bench if isinstance(logged_bench, str) else None

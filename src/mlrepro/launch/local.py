@@ -1,0 +1,263 @@
+"""The local backend: one seed's run_and_time.sh through submitit's LocalExecutor, its whole process tree stopped at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlrepro import layout
+from mlrepro.config import System
+from mlrepro.launch.plan import (
+    RESERVE_BYTES,
+    RESERVE_NAME,
+    SeedFailed,
+    SeedPlan,
+    _io_failure,
+    _next_attempt,
+    _now,
+    _private,
+    _run_env,
+    record_failure,
+)
+from mlrepro.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+
+# What run_and_time returns when the wall-time ran out (as timeout(1) does).
+WALLTIME_EXIT = 124
+# What it returns when the run's log could not be written (disk full, read-only): the run is stopped.
+LOG_WRITE_EXIT = 125
+
+
+class _WallTime(Exception):
+    pass
+
+
+def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: str) -> int:
+    """Run run_and_time.sh to completion; executed by submitit in its own process.
+
+    `env` holds the run's settings only; secrets reach the run through this process's own
+    environment (inherited from the workflow), because `env` is pickled to disk by submitit.
+    The output goes to `log_path` with secrets redacted as it is written. Every process of
+    the run carries the seed's marker (see mlrepro.util.proctree): a cancel (SIGINT/SIGTERM from
+    submitit or Snakemake), the wall-time (submitit's SIGUSR2) or the end of the run kills
+    all of them, including ranks that torchrun started in sessions of their own.
+    """
+    import threading
+
+    from mlrepro.util import proctree, secrets
+
+    child_env = {**os.environ, **env}
+    marker = child_env[proctree.MARKER]
+    hide = secrets.redactor(child_env)
+    write_error: list[str] = []
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            ["bash", "run_and_time.sh"],
+            cwd=implementation_dir,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        Path(pid_file).write_text(str(proc.pid))
+
+        def pump():
+            for line in proc.stdout:
+                if write_error:
+                    continue  # keep draining so the run is never blocked on a full pipe
+                try:
+                    out.write(hide.line_bytes(line))
+                    out.flush()
+                except OSError as exc:
+                    write_error.append(f"cannot write the run's log {log_path}: {exc.strerror}")
+                    with contextlib.suppress(proctree.Survivors):
+                        proctree.kill(marker)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+
+        def stop(signum, _frame):
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
+            if signum == signal.SIGUSR2:
+                raise _WallTime
+            raise SystemExit(128 + signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(sig, stop)
+        try:
+            rc = proc.wait()
+            # What outlived run_and_time.sh (a rank in its own session) would hold the pipe open.
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
+            reader.join()
+        except _WallTime:
+            proc.wait()
+            reader.join()
+            with contextlib.suppress(OSError):
+                out.write(b"\nmlrepro: wall-time reached, run stopped\n")
+            return WALLTIME_EXIT
+        finally:
+            # Ranks that outlived run_and_time.sh must not outlive the seed.
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
+    if write_error:
+        print(write_error[0], file=sys.stderr)
+        return LOG_WRITE_EXIT
+    return rc
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    """os.environ with `values` added for the duration (submitit starts its job with os.environ)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
+    """Whatever an earlier attempt or a killed workflow left running would race the new
+    attempt: stop it all, and start nothing while any of it is left."""
+    from mlrepro.util import proctree
+
+    job = layout.read_job(seed_dir) or {}
+    if job.get("scheduler") == "local" and job.get("host") == socket.gethostname():
+        # The process that waited on that attempt (its workflow may be gone, it may not).
+        proctree.kill_process(int(job.get("owner_pid") or 0), job.get("owner_start"))
+    try:
+        stopped = proctree.kill(marker)
+    except proctree.Survivors as exc:
+        record_failure(seed_dir, str(exc), state="LEFTOVER_PROCESSES")
+        raise SeedFailed(f"seed {seed_dir.name}: {exc}", retry=False) from None
+    if stopped:
+        log.warning("%s: stopped %d process(es) left by an earlier attempt: %s", seed_dir.name, len(stopped),
+                    ", ".join(f"{p.pid} {p.command[:60]}" for p in stopped))
+
+
+def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
+    import submitit
+
+    from mlrepro.util import proctree
+
+    seed_dir = plan.seed_dir
+    marker = proctree.seed_marker(seed_dir)
+    try:
+        seed_dir.mkdir(parents=True, exist_ok=True)
+        _private(seed_dir, *seed_dir.glob("attempt_*"), *seed_dir.glob(".submitit"))
+    except OSError as exc:
+        _io_failure(plan, exc)
+    _stop_earlier_attempts(seed_dir, marker)
+    attempt = _next_attempt(seed_dir)
+    logdir = seed_dir / f"attempt_{attempt}"
+    attempt_log = logdir / "run.log"
+    reserve = seed_dir / RESERVE_NAME
+    watchdog = None
+    try:
+        logdir.mkdir(mode=0o700)
+        _reserve(reserve)
+        attempt_log.write_text("")
+        atomic_write_text(run_log, f"attempt {attempt} running; its log is {attempt_log}\n")
+        executor = submitit.LocalExecutor(folder=logdir / ".submitit", max_num_timeout=0)
+        gpus = plan.gpus_per_node if system.device == "cuda" else 0
+        # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
+        executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
+                                   signal_delay_s=5)
+        env = _run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"), **{proctree.MARKER: marker},
+                       **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu" else {}))
+        watchdog = proctree.start_watchdog(marker)
+        # submitit's controller and job inherit os.environ: with the marker they are the seed's too.
+        with _environ(**{proctree.MARKER: marker}):
+            job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(attempt_log),
+                                  str(logdir / "run.pid"))
+        atomic_write_json(
+            seed_dir / "job.json",
+            {"scheduler": "local", "host": socket.gethostname(), "controller_pid": int(job.job_id),
+             "owner_pid": os.getpid(), "owner_start": proctree.start_time(os.getpid()), "attempt": attempt,
+             "logdir": str(logdir), "submitted": _now(), "ranks": plan.ranks,
+             "walltime_minutes": plan.walltime_minutes},
+        )
+
+        def cancel(signum, _frame):
+            job.cancel()
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
+            raise SystemExit(128 + signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, cancel)
+        try:
+            rc = job.result()
+        except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as exc:
+            # On a full or read-only disk submitit cannot even store the result: say so.
+            _probe_writable(logdir)
+            record_failure(seed_dir, f"launcher failed: {str(exc).splitlines()[0]}", state="FAILED", attempt=attempt)
+            raise SeedFailed(f"seed {plan.seed}: launcher failed; see {logdir / '.submitit'}") from None
+        finally:
+            _take_log(attempt_log, run_log)
+    except OSError as exc:
+        _io_failure(plan, exc)
+    finally:
+        with contextlib.suppress(proctree.Survivors):
+            proctree.kill(marker)
+        if watchdog is not None:
+            watchdog.terminate()
+            watchdog.wait()
+    if rc == LOG_WRITE_EXIT:
+        try:
+            _probe_writable(logdir)
+        except OSError as exc:
+            _io_failure(plan, exc)
+        _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
+    if rc == WALLTIME_EXIT:
+        record_failure(seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT",
+                       attempt=attempt)
+        raise SeedFailed(f"seed {plan.seed}: timeout after {plan.walltime_minutes} min; see {run_log}")
+    if rc != 0:
+        record_failure(seed_dir, f"run_and_time.sh exited with {rc}", state="FAILED", exit_code=rc, attempt=attempt)
+        raise SeedFailed(f"seed {plan.seed}: run_and_time.sh exited with {rc}; see {run_log}")
+
+
+def _take_log(attempt_log: Path, run_log: Path) -> None:
+    """The rule's run.log becomes the attempt's own log (each attempt keeps its own in attempt_K/)."""
+    with contextlib.suppress(OSError):
+        atomic_write_bytes(run_log, attempt_log.read_bytes())
+
+
+
+
+def _reserve(path: Path) -> None:
+    with open(path, "wb") as fh:
+        with contextlib.suppress(OSError, AttributeError):
+            os.posix_fallocate(fh.fileno(), 0, RESERVE_BYTES)
+
+
+def _probe_writable(folder: Path) -> None:
+    """Raise the OSError that writing into `folder` gives now, if any."""
+    probe = folder / ".write-probe"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * 4096)
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+

@@ -1,0 +1,112 @@
+"""Where everything lives under results/ and resources/, and the readers of the records kept there.
+
+Seed folder contract (results/<benchmark>/seed_<seed>/, private to the user):
+  mllog.txt     the run's MLLOG lines; written last, atomically: its presence means "done"
+  run.log       the output of the last attempt that ended (the rule's log), secrets redacted
+  run.json      the seed's score (the score_seed stage)
+  attempt_<K>/  each attempt's own folder (LOGDIR): its run.log or Slurm logs, submitit's files
+  job.json      the launch of the current attempt (local owner and marker, or Slurm job id)
+  failure.json  why the last attempt failed; removed when an attempt succeeds
+
+Per benchmark: results/<benchmark>/container.json (the image built), resources/<benchmark>/data and
+resources/<benchmark>/checkpoint (each with its manifest.json), resources/<benchmark>/implementation.
+The Snakemake rules get the same paths as wildcard patterns (`SEED_DIR_PATTERN`, through common.smk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from pathlib import Path
+
+SEED_DIR_PATTERN = "results/{benchmark}/seed_{seed}"
+_SEED_DIR_NAME = re.compile(r"^seed_(\d+)$")
+
+# The stages that fill resources/<benchmark>/: stage name -> folder name.
+STAGE_FOLDERS = {"dataset": "data", "checkpoint": "checkpoint"}
+
+
+def benchmark_dir(root: Path, benchmark: str) -> Path:
+    """results/<benchmark>/: the benchmark's seeds, score, verdict and report."""
+    return Path(root) / "results" / benchmark
+
+
+def seed_dir(root: Path, benchmark: str, seed: int) -> Path:
+    """results/<benchmark>/seed_<seed>/ (see the contract above)."""
+    return benchmark_dir(root, benchmark) / f"seed_{seed}"
+
+
+def seed_file_pattern(name: str) -> str:
+    """A seed's file as a Snakemake pattern with {benchmark} and {seed} wildcards."""
+    return f"{SEED_DIR_PATTERN}/{name}"
+
+
+def seed_files(benchmark: str, seeds, name: str) -> list[str]:
+    """The relative paths of `name` in each of the seeds' folders (Snakemake inputs)."""
+    return [f"{SEED_DIR_PATTERN.format(benchmark=benchmark, seed=s)}/{name}" for s in seeds]
+
+
+def seed_dirs(benchmark_folder: Path) -> dict[int, Path]:
+    """The seed folders that exist under results/<benchmark>/, by seed."""
+    found = {}
+    for child in (benchmark_folder.iterdir() if benchmark_folder.is_dir() else ()):
+        m = _SEED_DIR_NAME.match(child.name)
+        if m and child.is_dir():
+            found[int(m.group(1))] = child
+    return found
+
+
+def stage_folder(root: Path, benchmark: str, stage: str) -> Path:
+    """Where the dataset or checkpoint stage writes: resources/<benchmark>/{data,checkpoint}."""
+    return Path(root) / "resources" / benchmark / STAGE_FOLDERS[stage]
+
+
+def stage_location(root: Path, benchmark: str, stage: str) -> Path:
+    """The folder runs read a stage's files from: its own, or the user's folder it recorded."""
+    folder = stage_folder(root, benchmark, stage)
+    return Path((read_json_if_exists(folder / "manifest.json") or {}).get("location") or folder)
+
+
+def implementation_dir(root: Path, benchmark: str) -> Path:
+    """resources/<benchmark>/implementation/: a git implementation fetched at its pinned commit."""
+    return Path(root) / "resources" / benchmark / "implementation"
+
+
+def container_json(root: Path, benchmark: str) -> Path:
+    """results/<benchmark>/container.json: the image the benchmark's jobs run in."""
+    return benchmark_dir(root, benchmark) / "container.json"
+
+
+def read_json_if_exists(path: Path) -> dict | None:
+    """The JSON object in `path`; None when the file is absent or half-written (not JSON)."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return json.loads(Path(path).read_text())
+    return None
+
+
+def read_container(root: Path, benchmark: str) -> dict:
+    """container.json of the benchmark ({} before the container stage has run)."""
+    return read_json_if_exists(container_json(root, benchmark)) or {}
+
+
+def container_image(record: dict, *, pushed: bool) -> str | None:
+    """The image a job runs in: the .sqsh (enroot), else with `pushed` the registry copy (what
+    compute nodes pull), else the local tag; None when the runtime is `none` (on the host).
+
+    Download scripts run on this host, where the built tag exists; Slurm jobs run elsewhere.
+    """
+    if record.get("runtime", "none") == "none":
+        return None
+    pushed_ref = (record.get("push") or {}).get("ref") if pushed else None
+    return (record.get("sqsh") or {}).get("path") or pushed_ref or record["tag"]
+
+
+def read_job(seed_folder: Path) -> dict | None:
+    """job.json of a seed: the launch of its current attempt."""
+    return read_json_if_exists(seed_folder / "job.json")
+
+
+def read_failure(seed_folder: Path) -> dict | None:
+    """failure.json of a seed: why its last attempt failed."""
+    return read_json_if_exists(seed_folder / "failure.json")
