@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fixtures.http_server import LocalHTTPServer, Misbehaviour  # noqa: E402
+from fixtures.http_server import LocalHTTPServer, Misbehaviour
 
-from mlrepro.data.checks import DataError, DownloadError, MissingTokenError, check_free_space, require_token  # noqa: E402
-from mlrepro.data.http import http_download  # noqa: E402
-from mlrepro.data.hub import hub_download  # noqa: E402
-from mlrepro.data.manifest import write_manifest  # noqa: E402
-from mlrepro.data.mounts import ExpectedEntry, read_expected_mounts, verify_mounts  # noqa: E402
-from mlrepro.data.scripts import apply_cleanup, container_command, run_download_script  # noqa: E402
+from mlrepro.data.checks import DataError, DownloadError, MissingTokenError, check_free_space, require_token
+from mlrepro.data.http import http_download
+from mlrepro.data.hub import hub_download
+from mlrepro.data.manifest import write_manifest
+from mlrepro.data.mounts import ExpectedEntry, read_expected_mounts, verify_mounts
+from mlrepro.data.scripts import apply_cleanup, container_command, run_download_script
 
 TOKEN = "hf_TESTtoken_5f1d9c2e7a"
 BLOB = os.urandom(3 * 1024 * 1024 + 123)  # several read chunks, odd tail

@@ -203,7 +203,7 @@ def test_mini_lora_target_from_config(tmp_path, monkeypatch):
     cfg = tmp_path / "config" / "benchmarks"
     cfg.mkdir(parents=True)
     (cfg / "mini_lora.yaml").write_text("required_runs: 2\ntarget: {metric: eval_accuracy, value: 2.5, "
-                                         "direction: min}\n")
+                                         "direction: below}\n")
     lf.write_runs(tmp_path / "mini", [{"minutes": 2.0, "samples_to_converge": 64}] * 2, "mini_lora")
     proc = cli(tmp_path / "mini", "--benchmark", "mini_lora", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -265,3 +265,16 @@ def test_rcp_with_too_few_runs_says_so_instead_of_nan():
         benchmark="llama2_70b_lora", ruleset="5.0.0")
     assert not verdict.get("pass") and "too few" in verdict["reason"]
     json.dumps(verdict, allow_nan=False)  # score.json must stay valid JSON
+
+
+def test_benchmark_config_read_through_its_schema(tmp_path):
+    """mlrepro score reads a benchmark's target through mlrepro.config: a bad value is named, file and key."""
+    cfg = tmp_path / "config" / "benchmarks"
+    cfg.mkdir(parents=True)
+    (cfg / "mini_lora.yaml").write_text("required_runs: 0\ntarget: {metric: eval_accuracy, value: 2.5, "
+                                         "direction: min}\n")
+    lf.write_runs(tmp_path / "mini", [{"minutes": 2.0, "samples_to_converge": 64}] * 2, "mini_lora")
+    proc = cli(tmp_path / "mini", "--benchmark", "mini_lora", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "mini_lora.yaml is invalid" in proc.stderr
+    assert "required_runs" in proc.stderr and "target.direction" in proc.stderr

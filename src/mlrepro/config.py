@@ -238,6 +238,31 @@ def _load_named(root: Path, folder: str, schema: str, name: str) -> tuple[dict, 
     return data, rel
 
 
+# The repository this package belongs to: its schemas, when the config is elsewhere (`mlrepro score`).
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+SCORING_KEYS = ("required_runs", "target")
+
+
+def benchmark_scoring(root: Path, name: str) -> dict:
+    """required_runs and target of config/benchmarks/<name>.yaml, checked against the benchmark schema.
+
+    For `mlrepro score` on loose logs: only the keys scoring needs are read, so a file that holds
+    just those is enough; each is checked as the workflow checks it. {} when there is no such file.
+    """
+    path = Path(root) / "config" / "benchmarks" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    schema_root = root if (Path(root) / SCHEMA_SUBDIR).is_dir() else PACKAGE_ROOT
+    data = load_yaml(path)
+    full = _schema(schema_root / SCHEMA_SUBDIR, "benchmark")
+    schema = {"type": "object", "properties": {k: full["properties"][k] for k in SCORING_KEYS}}
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(data if isinstance(data, dict) else {}))
+    if errors:
+        lines = "\n".join(f"  - {_describe(e)}" for e in errors)
+        raise ConfigError(f"{path} is invalid:\n{lines}")
+    return {k: data[k] for k in SCORING_KEYS if k in data}
+
+
 def load_benchmark(root: Path, name: str) -> Benchmark:
     data, rel = _load_named(root, "benchmarks", "benchmark", name)
     impl = data["implementation"]

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mlrepro.util.fsutil import atomic_write_json, sha256_file
+from mlrepro.util.proc import run
 
 log = logging.getLogger(__name__)
 
@@ -222,12 +223,9 @@ def runtime_command(runtime: str = "podman") -> list[str]:
 
 
 def _run(cmd: Sequence[str], what: str, **kwargs) -> subprocess.CompletedProcess:
+    """A container runtime command (util.proc.run); failures raise ContainerError naming `what`."""
     log.debug("running %s", shlex.join(cmd))
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, **kwargs)
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip()[-4000:]
-        raise ContainerError(f"{what} failed (exit {proc.returncode}): {shlex.join(cmd)}\n{detail}")
-    return proc
+    return run(cmd, error=ContainerError, what=what, detail_chars=4000, **kwargs)
 
 
 def inspect_image(image: str, runtime: str = "podman") -> dict | None:
@@ -417,7 +415,8 @@ def push(image: str, registry_ref: str, runtime: str = "podman") -> dict:
 # the stage
 
 
-def _spec_value(spec: Mapping[str, Any], key: str, default: Any = None) -> Any:
+def _setting_or_default(spec: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """spec[key], or `default` when the key is absent, None or empty."""
     value = spec.get(key, default)
     return default if value in (None, "") else value
 
@@ -433,7 +432,7 @@ def build_container(spec: Mapping[str, Any], out_json: str | os.PathLike) -> dic
     `out_json` (or in the label of the image under `tag`) and that image still exists;
     a recorded .sqsh is reused when its size still matches.
     """
-    runtime = _spec_value(spec, "runtime", "podman")
+    runtime = _setting_or_default(spec, "runtime", "podman")
     if runtime not in RUNTIMES:
         raise ContainerError(f"unknown container runtime {runtime!r}; use one of {', '.join(RUNTIMES)}")
     if runtime == "none":
@@ -441,12 +440,12 @@ def build_container(spec: Mapping[str, Any], out_json: str | os.PathLike) -> dic
         atomic_write_json(out_json, record)
         return record
 
-    context = _spec_value(spec, "context")
-    tag = _spec_value(spec, "tag")
+    context = _setting_or_default(spec, "context")
+    tag = _setting_or_default(spec, "tag")
     if not context or not tag:
         raise ContainerError("a container spec needs `context` (the build folder) and `tag` (the image name)")
     context = Path(context)
-    dockerfile = Path(_spec_value(spec, "dockerfile", context / "Dockerfile"))
+    dockerfile = Path(_setting_or_default(spec, "dockerfile", context / "Dockerfile"))
     digest = context_digest(context, dockerfile)
 
     previous: dict = {}
@@ -465,11 +464,11 @@ def build_container(spec: Mapping[str, Any], out_json: str | os.PathLike) -> dic
             image = current
             log.info("image %s already matches the build context; not rebuilding", tag)
     if image is None:
-        image = build_image(context, dockerfile, tag, runtime, _spec_value(spec, "build_args", {}))
+        image = build_image(context, dockerfile, tag, runtime, _setting_or_default(spec, "build_args", {}))
     rebuilt = previous.get("image_id") != image["image_id"]
 
     record = {**image, "context": str(context), "dockerfile": str(dockerfile), "context_digest": digest}
-    sqsh = _spec_value(spec, "sqsh")
+    sqsh = _setting_or_default(spec, "sqsh")
     if sqsh:
         sqsh_path = Path(sqsh)
         old = previous.get("sqsh") or {}
@@ -478,7 +477,7 @@ def build_container(spec: Mapping[str, Any], out_json: str | os.PathLike) -> dic
             record["sqsh"] = old
         else:
             record["sqsh"] = export_sqsh(tag, sqsh_path, runtime)
-    ref = _spec_value(spec, "push")
+    ref = _setting_or_default(spec, "push")
     if ref:
         old = previous.get("push") or {}
         if not rebuilt and old.get("ref") == ref and old.get("digest"):

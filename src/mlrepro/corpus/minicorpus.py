@@ -89,7 +89,7 @@ def serve(root: Path, port: int = 0, rate_limited: tuple[str, ...] = ()):
     limited = set(rate_limited)
 
     class Handler(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
+        def do_GET(self):
             if self.path in limited:
                 limited.discard(self.path)
                 self.send_response(429)

@@ -265,11 +265,11 @@ def _transfer(url: str, part: Path, *, expected_size: int | None, token: str | N
             raise _RetryLater("connection closed before any data", None)
 
 
-_CR = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
 def _content_range_start(value: str | None) -> int | None:
-    m = _CR.match(value or "")
+    m = _CONTENT_RANGE.match(value or "")
     return int(m.group(1)) if m else None
 
 

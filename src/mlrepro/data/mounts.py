@@ -63,14 +63,6 @@ def read_expected_mounts(csv_path: str | os.PathLike) -> list[ExpectedEntry]:
     return entries
 
 
-def expected_from_files(key: str, files: Mapping[str, int]) -> list[ExpectedEntry]:
-    """Expected entries for a plain {relative path: size} listing, plus its root total."""
-    rows = [ExpectedEntry(key, "file", rel, 1, size) for rel, size in files.items()]
-    visible = [(rel, size) for rel, size in files.items() if not _is_hidden(rel)]
-    rows.append(ExpectedEntry(key, "dir", ".", len(visible), sum(s for _, s in visible)))
-    return rows
-
-
 def _is_hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in Path(rel).parts if part != ".")
 

@@ -11,6 +11,7 @@ from mlrepro import layout
 from mlrepro.data import checks, hub, manifest, mounts, scripts
 from mlrepro.launch import plan as launch
 from mlrepro.util.fsutil import atomic_dir
+from mlrepro.util.proc import run_logged
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def fill_stage(settings: mlrepro_config.Settings, benchmark: str, stage: str, ou
                     hub.hub_download(repo["repo_id"], where, repo_type=repo["repo_type"], revision=repo.get("revision"),
                                      allow_patterns=repo.get("allow_patterns"), token_required=spec["needs_token"])
                 else:
-                    scripts.run_logged(["rclone", "copy", source["rclone"], str(where)], env={}, log_path=log_path)
+                    run_logged(["rclone", "copy", source["rclone"], str(where)], env={}, log_path=log_path, error=checks.DataError)
                 if source.get("cleanup"):
                     for line in scripts.apply_cleanup(where, source["cleanup"]):
                         log.info("%s cleanup: %s", stage, line)

@@ -6,12 +6,12 @@ import logging
 import os
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from mlrepro.util.secrets import redact, redactor, secret_values
+from mlrepro.util.secrets import redactor, secret_values
 from mlrepro.data.checks import DataError
+from mlrepro.util.proc import run_logged
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,6 @@ def container_command(
     return cmd + [container, *argv]
 
 
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def run_download_script(
     script: str | os.PathLike,
     args: Sequence[str] = (),
@@ -105,40 +98,8 @@ def run_download_script(
     else:
         cmd = argv
         cwd = workdir
-    return run_logged(cmd, env=env, log_path=log_path, cwd=cwd, secrets=secrets, what=f"download script {script}")
-
-
-def run_logged(cmd: Sequence[str], *, env: Mapping[str, str], log_path: str | os.PathLike,
-               cwd: str | os.PathLike | None = None, secrets: Iterable[str] = (), what: str | None = None) -> Path:
-    """Run `cmd` with `env` added to this process's; its output goes, secrets redacted, to `log_path` (appended).
-
-    A non-zero exit raises DataError naming the log and showing its last lines.
-    """
-    log_path = Path(log_path)
-    child_env = {**os.environ, **env}
-    hidden = secret_values(child_env) + [s for s in secrets if s]
-    what = what or shlex.join(cmd[:2])
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    hide = redactor(child_env, hidden)
-    with open(log_path, "ab") as out:
-        out.write(f"$ {redact(shlex.join(cmd), hidden, env=child_env)}\n".encode())
-        out.flush()
-        try:
-            proc = subprocess.Popen(cmd, env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        except OSError as err:
-            raise DataError(f"cannot start {shlex.join(cmd[:3])} ...: {err.strerror}") from None
-        assert proc.stdout is not None
-        # Line by line so the log can be followed while it runs; a token never
-        # spans a newline, so per-line replacement catches every occurrence.
-        for line in proc.stdout:
-            out.write(hide.line_bytes(line))
-            out.flush()
-        rc = proc.wait()
-    if rc != 0:
-        raise DataError(f"{what} failed with exit status {rc}; see {log_path}. "
-                        f"Last lines:\n{_log_tail(log_path)}")
-    return log_path
+    return run_logged(cmd, env=env, log_path=log_path, error=DataError, cwd=cwd, secrets=secrets,
+                      what=f"download script {script}")
 
 
 # ---------------------------------------------------------------------------

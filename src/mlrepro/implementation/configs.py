@@ -110,32 +110,6 @@ class ImplementationConfig:
     def data_parallel(self) -> int:
         return self.total_gpus // (self.tp * self.pp * self.cp)
 
-    def to_dict(self, with_env: bool = True) -> dict:
-        out = {
-            "path": str(self.path),
-            "system": self.system,
-            "nodes": self.nodes,
-            "gpus_per_node": self.gpus_per_node,
-            "total_gpus": self.total_gpus,
-            "walltime_min": self.walltime_min,
-            "walltime_runandtime_min": self.walltime_runandtime_min,
-            "minibs": self.minibs,
-            "tp": self.tp,
-            "pp": self.pp,
-            "cp": self.cp,
-            "sp": self.sp,
-            "data_parallel": self.data_parallel,
-            "gbs": self.gbs,
-            "max_steps": self.max_steps,
-            "lr": self.lr,
-            "warnings": list(self.warnings),
-            "selected_because": self.selected_because,
-        }
-        if with_env:
-            out["env"] = dict(self.env)
-        return out
-
-
 def system_name(config_path: str | os.PathLike) -> str:
     """DGXSYSTEM for a config file: its name without `config_` and `.sh`."""
     name = Path(config_path).name

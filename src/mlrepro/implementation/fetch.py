@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from mlrepro.implementation.configs import ImplementationError
+from mlrepro.util.proc import run
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +28,10 @@ class FetchError(ImplementationError):
 
 
 def _git(args: Sequence[str], cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """git (util.proc.run), never prompting; failures raise FetchError."""
     env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ADVICE="0", LC_ALL="C")
-    proc = subprocess.run(["git", "-c", "advice.detachedHead=false", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise FetchError(f"git {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
-    return proc
+    return run(["git", "-c", "advice.detachedHead=false", *args], error=FetchError, env=env, cwd=cwd, check=check,
+               what=f"git {' '.join(args)}")
 
 
 def _is_local_folder(source: str) -> bool:

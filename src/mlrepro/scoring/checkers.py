@@ -14,13 +14,13 @@ import contextlib
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator, Sequence
+from mlrepro.util.proc import run
 
 USAGE = "training"
 _MAX_REASON_CHARS = 400
@@ -112,10 +112,10 @@ def check_compliance(log_path: str | os.PathLike, *, ruleset: str, usage: str = 
 def _compliance_subprocess(log_path: Path, ruleset: str, usage: str) -> Verdict:
     with scratch_dir() as tmp:
         out = tmp / "compliance_checker.log"
-        proc = subprocess.run(
+        proc = run(
             [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", usage, "--ruleset", ruleset,
              "--quiet", "--log_output", str(out), str(log_path)],
-            cwd=tmp, capture_output=True, text=True, errors="replace",
+            check=False, cwd=tmp,
         )
         text = out.read_text(errors="replace") if out.exists() else proc.stdout + proc.stderr
     if proc.returncode == 0:
@@ -265,10 +265,10 @@ def run_rcp_checker(folder: str | os.PathLike, *, ruleset: str, usage: str = USA
     with scratch_dir() as tmp:
         copy = tmp / "results"
         shutil.copytree(folder, copy)
-        proc = subprocess.run(
+        proc = run(
             [sys.executable, "-m", "mlperf_logging.rcp_checker", str(copy), "--rcp_usage", usage,
              "--rcp_version", ruleset, "--log_output", str(tmp / "rcp_checker.log")],
-            cwd=tmp, capture_output=True, text=True, errors="replace",
+            check=False, cwd=tmp,
         )
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "RCP test" in ln or "ERROR" in ln]
     return Verdict(True, proc.returncode == 0, [_short(ln) for ln in lines])
@@ -285,10 +285,10 @@ def run_package_checker(folder: str | os.PathLike, *, ruleset: str, usage: str =
         copy = tmp / folder.name
         shutil.copytree(folder, copy)
         log = tmp / "package_checker.log"
-        proc = subprocess.run(
+        proc = run(
             [sys.executable, "-m", "mlperf_logging.package_checker", str(copy), usage, ruleset,
              "--log_output", str(log)],
-            cwd=tmp, capture_output=True, text=True, errors="replace",
+            check=False, cwd=tmp,
         )
         text = log.read_text(errors="replace") if log.exists() else ""
     text = text or proc.stdout + proc.stderr

@@ -17,10 +17,10 @@ from typing import Any, Mapping, Sequence
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from mlrepro.util.fsutil import atomic_write_text  # noqa: E402
-from mlrepro.scoring.mllog import parse_log  # noqa: E402
+from mlrepro.util.fsutil import atomic_write_text
+from mlrepro.scoring.mllog import parse_log
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}

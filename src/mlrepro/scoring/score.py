@@ -499,17 +499,16 @@ def _logs_in_dir(root: Path) -> list[Path]:
 
 
 def _config_target(benchmark: str) -> dict:
-    """required_runs/target from config/benchmarks/<benchmark>.yaml, if there is one."""
-    import yaml
+    """required_runs/target of config/benchmarks/<benchmark>.yaml (here, else in mlrepro's repository), if any."""
+    from mlrepro import config
 
-    for base in (Path.cwd(), Path(__file__).resolve().parents[3]):
-        cfg = base / "config" / "benchmarks" / f"{benchmark}.yaml"
-        if cfg.is_file():
-            try:
-                data = yaml.safe_load(cfg.read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
-                raise RulesError(f"cannot read {cfg}: {exc}") from None
-            return data if isinstance(data, dict) else {}
+    for root in (Path.cwd(), config.PACKAGE_ROOT):
+        try:
+            found = config.benchmark_scoring(root, benchmark)
+        except config.ConfigError as exc:
+            raise RulesError(str(exc)) from None
+        if found:
+            return found
     return {}
 
 
@@ -591,11 +590,6 @@ def format_summary(score: dict) -> str:
               f"score          {_fmt(score['score_minutes'])} min  ({'VALID' if score['valid'] else 'NOT VALID'})"]
     lines += [f"  why not valid: {r}" for r in score["reasons"]]
     return "\n".join(lines)
-
-
-def read_run_json(path: str | os.PathLike) -> dict:
-    """A run.json written from ``score_run`` (for ``score_runs(runs=...)``)."""
-    return json.loads(Path(path).read_text())
 
 
 __all__ = ["Rules", "RulesError", "rules_for", "score_run", "score_runs", "olympic_mean", "collect_logs",

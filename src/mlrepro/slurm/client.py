@@ -18,11 +18,12 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from mlrepro.util.secrets import redact, redact_command, redact_env
+from mlrepro.util.proc import run
 
 log = logging.getLogger("mlrepro.slurm.client")
 
@@ -102,10 +103,6 @@ class JobInfo:
     @property
     def terminal(self) -> bool:
         return is_terminal(self.state)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def is_terminal(state: str) -> bool:
     """True once a job can change no more (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...)."""
@@ -273,20 +270,10 @@ def _child_env(env: Mapping[str, object] | None = None) -> dict[str, str]:
 
 def _run(command: list[str], env: Mapping[str, object] | None = None, *, check: bool = True,
          timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, env=_child_env(env), timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except FileNotFoundError as exc:
-        raise SlurmError(f"{command[0]} not found: Slurm's commands are not installed here "
-                         "(`mlrepro cluster up` starts a local cluster)", command=command) from exc
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmError(f"{command[0]} did not answer within {timeout:.0f} s "
-                         f"({' '.join(redact_command(command, _child_env(env)))})", command=command) from exc
-    if check and proc.returncode != 0:
-        message = redact((proc.stderr or proc.stdout).strip(), env=_child_env(env))
-        raise SlurmError(f"{command[0]} failed (exit {proc.returncode}): {message}",
-                         command=redact_command(command, _child_env(env)), stderr=message)
-    return proc
+    """A Slurm command (util.proc.run) in the environment `_child_env` makes; failures raise SlurmError."""
+    return run(command, error=SlurmError, env=_child_env(env), check=check, timeout=timeout,
+               not_installed=f"{command[0]} not found: Slurm's commands are not installed here "
+                             "(`mlrepro cluster up` starts a local cluster)")
 
 
 # ---------------------------------------------------------------- submit

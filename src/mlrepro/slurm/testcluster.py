@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
+from mlrepro.util import proc
 
 DEFAULT_STATE_DIR = Path("/var/lib/mlrepro-cluster")
 SLURM_ETC = Path("/etc/slurm")
@@ -284,19 +285,9 @@ def slurmdbd_conf_text(layout: Layout, db_password: str) -> str:
 
 def _run(cmd: list[str], layout: Layout | None = None, *, check: bool = True, timeout: float = 120,
          input_text: str | None = None) -> subprocess.CompletedProcess:
-    env = daemon_env(layout) if layout else None
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                              input=input_text, stdin=None if input_text is not None else subprocess.DEVNULL)
-    except FileNotFoundError as exc:
-        raise ClusterError(f"{cmd[0]} is not installed") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise ClusterError(f"`{' '.join(cmd[:3])} ...` did not finish within {timeout:.0f} s") from exc
-    if check and proc.returncode != 0:
-        raise ClusterError(
-            f"`{' '.join(cmd[:4])}` failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
-        )
-    return proc
+    """A command (util.proc.run) in the daemons' environment; failures raise ClusterError."""
+    return proc.run(cmd, error=ClusterError, env=daemon_env(layout) if layout else None, check=check, timeout=timeout,
+               input_text=input_text)
 
 
 def _start_detached(cmd: list[str], layout: Layout, log_file: Path) -> subprocess.Popen:
