@@ -137,6 +137,15 @@ def test_sbatch_command_carries_each_option_once():
         slurm.sbatch_command("run.sub", nodes=0)
 
 
+def test_an_attempt_sets_its_own_folders_and_excludes_on_the_plans_line():
+    plan_line = slurm.sbatch_command("impl/run.sub", nodes=2, time_minutes=5, exclude=["node9"], job_name="j")
+    attempt = slurm.for_attempt(plan_line, exclude=["node9", "node1"], output="a_2/slurm-%j.out", workdir="a_2")
+    assert attempt == ["sbatch", "--parsable", "--export=ALL", "--no-requeue", "--job-name=j", "--nodes=2", "--time=5",
+                       "--exclude=node1,node9", "--output=a_2/slurm-%j.out", "--chdir=a_2", "impl/run.sub"]
+    assert slurm.for_attempt(attempt) == ["sbatch", "--parsable", "--export=ALL", "--no-requeue", "--job-name=j",
+                                          "--nodes=2", "--time=5", "impl/run.sub"]
+
+
 def test_submit_of_a_missing_script_names_it(tmp_path):
     with pytest.raises(slurm.SlurmError, match="does not exist"):
         slurm.submit(tmp_path / "nope.sub", env={})

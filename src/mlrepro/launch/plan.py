@@ -98,7 +98,8 @@ class SeedPlan:
     walltime_minutes: int
     seed_dir: Path
     env: dict = field(repr=False)
-    sbatch: tuple[str, ...] = ()
+    job_name: str = ""  # the Slurm job name (see `job_name`)
+    sbatch: tuple[str, ...] = ()  # built once, here; each attempt sets its own folders on it (slurm.for_attempt)
     generated: bool = False  # the config was written by mlrepro plan, not published
 
     @property
@@ -155,6 +156,7 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
         walltime_minutes=cfg.walltime_min,
         seed_dir=seed_dir,
         env=env,
+        job_name=job_name(benchmark_name, seed, seed_dir),
         generated=_generated(cfg.path),
     )
     if system.scheduler == "slurm":
@@ -167,7 +169,7 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
             partition=system.partition,
             account=system.account,
             exclude=system.exclude_nodes,
-            job_name=job_name(benchmark_name, seed, seed_dir),
+            job_name=plan.job_name,
         )
         plan = SeedPlan(**{**plan.__dict__, "sbatch": tuple(cmd)})
     return plan

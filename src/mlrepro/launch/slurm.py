@@ -14,7 +14,6 @@ from mlrepro.launch.plan import (
     _io_failure,
     _now,
     _run_env,
-    job_name,
     record_failure,
 )
 from mlrepro.util import secrets
@@ -40,33 +39,26 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
     logdir = seed_dir / f"attempt_{attempt}"
     logdir.mkdir(parents=True, exist_ok=True)
     suspects = sorted(set((layout.read_failure(seed_dir) or {}).get("suspect_nodes", [])))
-    kwargs = dict(
-        nodes=plan.nodes,
-        time_minutes=plan.walltime_minutes,
-        partition=system.partition,
-        account=system.account,
-        job_name=job_name(plan.benchmark, plan.seed, plan.seed_dir),
-        output=str(logdir / "slurm-%j.out"),
-        env=_run_env(plan, logdir, CONT=_container_image(plan)),
-        workdir=str(logdir),
-    )
+    env = _run_env(plan, logdir, CONT=_container_image(plan))
     exclude = tuple(system.exclude_nodes) + tuple(n for n in suspects if n not in system.exclude_nodes)
+    command = slurm.for_attempt(plan.sbatch, exclude=exclude, output=logdir / "slurm-%j.out", workdir=logdir)
     try:
-        job_id = slurm.submit(plan.implementation_dir / "run.sub", exclude=exclude, **kwargs)
+        job_id = slurm.submit_command(command, env=env, job_name=plan.job_name)
     except slurm.SlurmError as exc:
         if not suspects:
             raise
         # Too few nodes left without the suspects: run anyway rather than never.
         log.warning("seed %d: cannot exclude %s (%s); submitting without", plan.seed, ",".join(suspects), exc)
         exclude = tuple(system.exclude_nodes)
-        job_id = slurm.submit(plan.implementation_dir / "run.sub", exclude=exclude, **kwargs)
+        command = slurm.for_attempt(plan.sbatch, exclude=exclude, output=logdir / "slurm-%j.out", workdir=logdir)
+        job_id = slurm.submit_command(command, env=env, job_name=plan.job_name)
     job = {
         "scheduler": "slurm",
         "job_id": job_id,
         "attempt": attempt,
         "logdir": str(logdir),
         "exclude": list(exclude),
-        "sbatch": slurm.sbatch_command(plan.implementation_dir / "run.sub", exclude=exclude, **{k: v for k, v in kwargs.items() if k not in ("env", "workdir")}),
+        "sbatch": command,
         "submitted": _now(),
     }
     atomic_write_json(seed_dir / "job.json", job)
@@ -86,7 +78,7 @@ def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
             log.info("seed %d: re-attaching to Slurm job %s (%s)", plan.seed, job["job_id"], info.state)
             return job
     # A job submitted just before the workflow died may not have reached job.json.
-    for live in slurm.find_jobs(job_name(plan.benchmark, plan.seed, plan.seed_dir), status_command=system.slurm_status_command):
+    for live in slurm.find_jobs(plan.job_name, status_command=system.slurm_status_command):
         if not live.terminal and (job is None or live.job_id != job.get("job_id")):
             log.info("seed %d: re-attaching to unrecorded Slurm job %s", plan.seed, live.job_id)
             attempt = (job or {}).get("attempt", 0) + 1

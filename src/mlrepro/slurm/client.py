@@ -350,11 +350,37 @@ def submit(
     refusal (bad partition, too many nodes, ...) raises SlurmError with Slurm's
     message.
     """
-    if not Path(batch_script).is_file():
-        raise SlurmError(f"batch script {batch_script} does not exist")
     command = sbatch_command(batch_script, nodes=nodes, time_minutes=time_minutes, partition=partition,
                              account=account, exclude=exclude, job_name=job_name, output=output,
                              extra_args=extra_args, workdir=workdir, script_args=script_args)
+    return submit_command(command, env=env, job_name=job_name)
+
+
+def _script_index(command: Sequence[str]) -> int:
+    """Where the batch script stands in an sbatch_command line (after sbatch's own options)."""
+    return next(i for i, arg in enumerate(command) if i > 0 and not arg.startswith("-"))
+
+
+def for_attempt(command: Sequence[str], *, exclude: Iterable[str] = (), output: str | os.PathLike | None = None,
+                workdir: str | os.PathLike | None = None) -> list[str]:
+    """An sbatch_command line (a plan's) with one attempt's --exclude, --output and --chdir set in place of its own."""
+    at = _script_index(command)
+    ours = ("--exclude=", "--output=", "--chdir=")
+    options = [arg for arg in command[:at] if not arg.startswith(ours)]
+    excluded = sorted({str(n) for n in exclude if str(n).strip()})
+    options += [f"--exclude={','.join(excluded)}"] if excluded else []
+    options += [f"--output={output}"] if output else []
+    options += [f"--chdir={workdir}"] if workdir else []
+    return [*options, *command[at:]]
+
+
+def submit_command(command: Sequence[str], *, env: Mapping[str, object] | None = None,
+                   job_name: str | None = None) -> str:
+    """Run an sbatch_command line and return the job id (see `submit`)."""
+    command = list(command)
+    batch_script = command[_script_index(command)]
+    if not Path(batch_script).is_file():
+        raise SlurmError(f"batch script {batch_script} does not exist")
     log.info("submitting: %s", " ".join(redact_command(command, _child_env(env))))
     if env:
         log.debug("job environment: %s", redact_env(env))
