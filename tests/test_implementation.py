@@ -53,7 +53,7 @@ def _fixture(benchmark: str, folder: str, system: str) -> Path:
 def test_published_config_parses_to_its_shape(bench, folder, system, nodes, gpus, tp, pp, cp, minibs, gbs,
                                               walltime, runandtime, max_steps, lr):
     config = read_config(_fixture(bench, folder, system))
-    assert config.system == system
+    assert config.dgxsystem == system
     assert (config.nodes, config.gpus_per_node) == (nodes, gpus)
     assert (config.tp, config.pp, config.cp) == (tp, pp, cp)
     assert config.minibs == minibs
@@ -185,7 +185,7 @@ def test_a_name_without_a_shape_is_accepted(tmp_path):
     path = _write_config(tmp_path, "mycluster", GOOD_BODY.format(nodes=2, gpus=8, cp=2))
     config = read_config(path)
     assert config.name_shape is None
-    assert (config.system, config.nodes, config.gpus_per_node, config.gbs) == ("mycluster", 2, 8, 8)
+    assert (config.dgxsystem, config.nodes, config.gpus_per_node, config.gbs) == ("mycluster", 2, 8, 8)
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -226,21 +226,21 @@ def test_list_configs_leaves_helpers_out(tmp_path):
 def test_pick_config_by_system_shape(tmp_path):
     impl = _impl_with(tmp_path, [("A_1x8", 1, 8), ("B_2x4", 2, 4), ("C_18x4", 18, 4)])
     config = pick_config(impl, nodes=2, gpus_per_node=4)
-    assert config.system == "B_2x4"
+    assert config.dgxsystem == "B_2x4"
     assert "equals the system's" in config.selected_because
 
 
 def test_pick_config_ties_go_to_the_first_name_and_say_so(tmp_path):
     impl = _impl_with(tmp_path, [("Z_1x8", 1, 8), ("A_1x8x1", 1, 8)])
     config = pick_config(impl, nodes=1, gpus_per_node=8)
-    assert config.system == "A_1x8x1"
+    assert config.dgxsystem == "A_1x8x1"
     assert "config_Z_1x8.sh" in config.selected_because
 
 
 def test_pick_config_falls_back_to_fewer_nodes(tmp_path):
     impl = _impl_with(tmp_path, [("A_1x4", 1, 4), ("B_2x4", 2, 4), ("C_1x8", 1, 8)])
     config = pick_config(impl, nodes=3, gpus_per_node=4)
-    assert config.system == "B_2x4"
+    assert config.dgxsystem == "B_2x4"
     assert "2 of the 3 nodes" in config.selected_because
 
 
@@ -257,7 +257,7 @@ def test_pick_config_named_by_the_user(tmp_path):
     impl = _impl_with(tmp_path, [("A_1x8", 1, 8), ("B_2x4", 2, 4)])
     for requested in ("B_2x4", "config_B_2x4.sh", str(impl / "config_B_2x4.sh")):
         config = pick_config(impl, nodes=4, gpus_per_node=8, requested=requested)
-        assert config.system == "B_2x4"
+        assert config.dgxsystem == "B_2x4"
         assert "named by the user" in config.selected_because
     with pytest.raises(ImplementationError, match=r"'D_9x9' not found .* config_A_1x8.sh, config_B_2x4.sh"):
         pick_config(impl, nodes=4, gpus_per_node=8, requested="D_9x9")

@@ -90,7 +90,7 @@ def settings(root: Path, system: str = "here") -> config.Settings:
 def test_plan_composes_the_run_sub_environment(tree):
     plan = launch.plan_seed(settings(tree), "tiny", 2)
     assert (plan.nodes, plan.gpus_per_node, plan.walltime_minutes) == (1, 1, 2)
-    assert plan.system_name == "CPU_1x1x4xtp1pp1cp1"
+    assert plan.dgxsystem == "CPU_1x1x4xtp1pp1cp1"
     assert plan.env["SEED"] == "2" and plan.env["NEXP"] == "1" and plan.env["DGXSYSTEM"] == "CPU_1x1x4xtp1pp1cp1"
     assert plan.env["DATADIR"] == str(tree / "resources" / "tiny" / "data")
     assert plan.env["MODEL"] == str(tree / "resources" / "tiny" / "checkpoint" / "weights")

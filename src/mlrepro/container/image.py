@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mlrepro.util.fsutil import atomic_write_json, sha256_file
+from mlrepro.layout import read_json_if_exists
 from mlrepro.util.proc import run
 
 log = logging.getLogger(__name__)
@@ -428,9 +429,9 @@ def build_container(spec: Mapping[str, Any], out_json: str | os.PathLike) -> dic
     (default context/Dockerfile), tag, build_args (mapping), sqsh (output path of an
     enroot image, optional), push (registry reference, optional).
 
-    Nothing is rebuilt when the context digest equals the one recorded in an earlier
-    `out_json` (or in the label of the image under `tag`) and that image still exists;
-    a recorded .sqsh is reused when its size still matches.
+    Nothing is rebuilt when the image under `tag` exists and its label holds the context's
+    digest. When that image is the one an earlier `out_json` recorded, its .sqsh (size still
+    matching) and its pushed copy are reused.
     """
     runtime = _setting_or_default(spec, "runtime", "podman")
     if runtime not in RUNTIMES:
@@ -448,13 +449,8 @@ def build_container(spec: Mapping[str, Any], out_json: str | os.PathLike) -> dic
     dockerfile = Path(_setting_or_default(spec, "dockerfile", context / "Dockerfile"))
     digest = context_digest(context, dockerfile)
 
-    previous: dict = {}
     out_path = Path(out_json)
-    if out_path.is_file():
-        try:
-            previous = json.loads(out_path.read_text())
-        except ValueError:
-            previous = {}
+    previous = read_json_if_exists(out_path) or {}
 
     info = inspect_image(tag, runtime)
     image = None

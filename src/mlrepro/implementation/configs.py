@@ -84,7 +84,7 @@ class ImplementationConfig:
     """A sourced config_<SYSTEM>.sh: the shape it launches and the environment it exports."""
 
     path: Path
-    system: str  # DGXSYSTEM, derived from the file name as config_common.sh does
+    dgxsystem: str  # NVIDIA's DGXSYSTEM, derived from the file name as config_common.sh does
     nodes: int  # DGXNNODES
     gpus_per_node: int  # DGXNGPU
     walltime_min: int  # WALLTIME: the sbatch time limit, minutes
@@ -110,7 +110,7 @@ class ImplementationConfig:
     def data_parallel(self) -> int:
         return self.total_gpus // (self.tp * self.pp * self.cp)
 
-def system_name(config_path: str | os.PathLike) -> str:
+def dgxsystem_of(config_path: str | os.PathLike) -> str:
     """DGXSYSTEM for a config file: its name without `config_` and `.sh`."""
     name = Path(config_path).name
     if not (name.startswith("config_") and name.endswith(".sh")) or len(name) <= len("config_.sh"):
@@ -118,9 +118,9 @@ def system_name(config_path: str | os.PathLike) -> str:
     return name[len("config_") : -len(".sh")]
 
 
-def parse_name_shape(system: str) -> NameShape | None:
-    """The shape a system name encodes, or None for a name that encodes none (e.g. a custom one)."""
-    m = _NAME_SHAPE.match(system)
+def parse_name_shape(dgxsystem: str) -> NameShape | None:
+    """The shape a DGXSYSTEM name encodes, or None for a name that encodes none (e.g. a custom one)."""
+    m = _NAME_SHAPE.match(dgxsystem)
     if not m:
         return None
 
@@ -214,7 +214,7 @@ def read_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = 
     shape that the file name encodes.
     """
     path = Path(config_path)
-    system = system_name(path)
+    dgxsystem = dgxsystem_of(path)
     exported, stderr = source_config(path, env)
     label = path.name
 
@@ -268,11 +268,11 @@ def read_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = 
     gbs = minibs * (total // (tp * pp * cp))
 
     sourced_system = exported.get("DGXSYSTEM")
-    if sourced_system and sourced_system != system:
+    if sourced_system and sourced_system != dgxsystem:
         raise ImplementationError(
-            f"{label}: it sets DGXSYSTEM={sourced_system!r} but its file name says {system!r}"
+            f"{label}: it sets DGXSYSTEM={sourced_system!r} but its file name says {dgxsystem!r}"
         )
-    shape = parse_name_shape(system)
+    shape = parse_name_shape(dgxsystem)
     if shape is not None:
         _cross_check(label, shape, {
             "nodes": ("DGXNNODES", nodes),
@@ -284,13 +284,13 @@ def read_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = 
         })
 
     launch_env = dict(exported)
-    launch_env["DGXSYSTEM"] = system
+    launch_env["DGXSYSTEM"] = dgxsystem
     launch_env.setdefault("DGXNGPU", str(gpus_per_node))
     warnings = tuple(line for line in stderr.splitlines() if line.strip())
     for line in warnings:
         log.warning("%s: %s", label, line)
     return ImplementationConfig(
-        path=path.resolve(), system=system, nodes=nodes, gpus_per_node=gpus_per_node,
+        path=path.resolve(), dgxsystem=dgxsystem, nodes=nodes, gpus_per_node=gpus_per_node,
         walltime_min=walltime, walltime_runandtime_min=runandtime, minibs=minibs,
         tp=tp, pp=pp, cp=cp, sp=sp, max_steps=max_steps, lr=lr, gbs=gbs,
         name_shape=shape, env=launch_env, warnings=warnings,
@@ -337,7 +337,7 @@ def check_fits(config: ImplementationConfig, nodes: int, gpus_per_node: int) -> 
         problems.append(f"{config.gpus_per_node} GPUs per node but the system has {gpus_per_node}")
     if problems:
         raise ImplementationError(
-            f"config {config.path.name} (system {config.system}) does not fit this system: it needs "
+            f"config {config.path.name} (DGXSYSTEM {config.dgxsystem}) does not fit this system: it needs "
             + " and ".join(problems)
         )
 

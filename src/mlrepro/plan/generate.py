@@ -27,7 +27,7 @@ def nearest_template(folder: Path, plan: search.Plan) -> Path | None:
     for path in implementation.list_configs(folder) if Path(folder).is_dir() else []:
         if is_generated(path):
             continue
-        shape = implementation.parse_name_shape(implementation.system_name(path))
+        shape = implementation.parse_name_shape(implementation.dgxsystem_of(path))
         if shape is None:
             continue
         key = (shape.platform != writer.platform_of(plan), abs(shape.nodes * shape.gpus_per_node - plan.facts.gpus),

@@ -293,7 +293,7 @@ def sbatch_command(
     workdir: str | os.PathLike | None = None,
     script_args: Sequence[str] = (),
 ) -> list[str]:
-    """The exact sbatch command line `submit` runs (for plan display).
+    """The sbatch command line: built once for a seed's plan, then run as is (`submit_command`).
 
     Settings for the job travel in the environment (--export=ALL), as run.sub
     expects, so they are not part of this line.
@@ -329,31 +329,14 @@ def sbatch_command(
     return command
 
 
-def submit(
-    batch_script: str | os.PathLike,
-    *,
-    nodes: int | None = None,
-    time_minutes: float | None = None,
-    partition: str | None = None,
-    account: str | None = None,
-    exclude: Iterable[str] = (),
-    job_name: str | None = None,
-    output: str | os.PathLike | None = None,
-    env: Mapping[str, object] | None = None,
-    extra_args: Sequence[str] = (),
-    workdir: str | os.PathLike | None = None,
-    script_args: Sequence[str] = (),
-) -> str:
+def submit(batch_script: str | os.PathLike, *, env: Mapping[str, object] | None = None, **options) -> str:
     """Submit `batch_script` with sbatch and return the job id.
 
     `env` is added to this process's environment and exported to the job; a
     refusal (bad partition, too many nodes, ...) raises SlurmError with Slurm's
     message.
     """
-    command = sbatch_command(batch_script, nodes=nodes, time_minutes=time_minutes, partition=partition,
-                             account=account, exclude=exclude, job_name=job_name, output=output,
-                             extra_args=extra_args, workdir=workdir, script_args=script_args)
-    return submit_command(command, env=env, job_name=job_name)
+    return submit_command(sbatch_command(batch_script, **options), env=env, job_name=options.get("job_name"))
 
 
 def _script_index(command: Sequence[str]) -> int:
