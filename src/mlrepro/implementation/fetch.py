@@ -9,11 +9,12 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from mlrepro.implementation.configs import ImplementationError
+from mlrepro.layout import read_json_if_exists
+from mlrepro.util.fsutil import atomic_dir
 from mlrepro.util.proc import run
 
 log = logging.getLogger(__name__)
@@ -59,17 +60,6 @@ def _verified_checkout(dest: Path, commit: str, folder: str) -> bool:
     return dirty.returncode == 0 and not dirty.stdout.strip()
 
 
-def _replace_dir(staged: Path, dest: Path) -> None:
-    """Move `staged` to `dest`; an older `dest` is moved aside first and then removed."""
-    old = None
-    if dest.exists():
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-        os.replace(dest, old)
-    os.replace(staged, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def fetch_implementation(
     repo_url: str,
     commit: str | None,
@@ -106,9 +96,7 @@ def fetch_implementation(
         log.info("reusing %s at %s", dest, commit)
         return target
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}.fetch-", dir=dest.parent))
-    try:
+    with atomic_dir(dest, keep_on_error=False) as staged:
         _git(["init", "--quiet", str(staged)])
         _git(["remote", "add", "origin", repo_url], cwd=staged)
         if folder:
@@ -132,10 +120,6 @@ def fetch_implementation(
             raise FetchError(f"{repo_url} at {commit} has no folder {folder!r}")
         record = {"source": repo_url, "commit": commit, "folder": folder}
         (staged / ".git" / _RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        _replace_dir(staged, dest)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
     log.info("fetched %s at %s into %s", repo_url, commit, dest)
     return target
 
@@ -147,23 +131,14 @@ def _copy_local_folder(source_root: Path, folder: str, dest: Path) -> Path:
     target = dest / folder if folder else dest
     digest = _tree_digest(source)
     record_path = dest / _RECORD
-    if record_path.is_file() and target.is_dir():
-        try:
-            record = json.loads(record_path.read_text())
-        except ValueError:
-            record = {}
+    if target.is_dir():
+        record = read_json_if_exists(record_path) or {}
         if record.get("tree_sha256") == digest and _tree_digest(target) == digest:
             log.info("reusing copy of %s in %s", source, dest)
             return target
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}.copy-", dir=dest.parent))
-    try:
+    with atomic_dir(dest, keep_on_error=False) as staged:
         shutil.copytree(source, staged / folder if folder else staged, symlinks=True,
                         ignore=shutil.ignore_patterns(".git"), dirs_exist_ok=True)
         record = {"source": str(source_root.resolve()), "commit": None, "folder": folder, "tree_sha256": digest}
         (staged / _RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        _replace_dir(staged, dest)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
     return target

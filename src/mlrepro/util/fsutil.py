@@ -68,12 +68,13 @@ def atomic_write_json(target: str | os.PathLike, obj: Any) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(target: str | os.PathLike, *, resume: bool = False) -> Iterator[Path]:
+def atomic_dir(target: str | os.PathLike, *, resume: bool = False, keep_on_error: bool = True) -> Iterator[Path]:
     """Yield a temporary folder beside `target`; it replaces `target` on success.
 
     A folder left behind by an earlier interrupted attempt (`.NAME.partial`) is
     emptied first, unless `resume`: then it is handed back as it is, for downloads
     that check what they resume (the caller answers for whatever else it holds).
+    Without `keep_on_error` an error removes the temporary folder (nothing to resume).
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +82,12 @@ def atomic_dir(target: str | os.PathLike, *, resume: bool = False) -> Iterator[P
     if not resume and partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(exist_ok=True)
-    yield partial
+    try:
+        yield partial
+    except BaseException:
+        if not keep_on_error:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     if target.exists():
         shutil.rmtree(target)
     os.replace(partial, target)
