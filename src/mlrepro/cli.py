@@ -1,4 +1,4 @@
-"""mlrepro: reproduce MLPerf-style LLM training results end to end.
+"""The `mlrepro` command: one subcommand per module, which is imported only when its subcommand is used.
 
 Each module listed in COMMANDS exposes `add_arguments(parser)` and `run(args) -> int`;
 it is imported only when its subcommand is used, so `mlrepro --help` stays fast.
@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+import mlrepro
 
 COMMANDS = {
     "score": ("mlrepro.scoring.score", "score MLPerf logs (files or folders) as MLCommons would"),
@@ -21,7 +23,7 @@ COMMANDS = {
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mlrepro", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mlrepro", description=mlrepro.__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((a for a in argv if a in COMMANDS), None)
     for name, (module, help_text) in COMMANDS.items():

@@ -132,11 +132,16 @@ def seed_status(seed: int, folder: Path,
 
     status = SeedStatus(seed=seed, state=SUBMITTED, job_id=job_id, attempt=job.get("attempt"),
                         nodes=_nodes(job.get("nodes")))
+    return _with_slurm_state(status, job_info)
+
+
+def _with_slurm_state(status: SeedStatus, job_info: Callable[[str], slurm.JobInfo] | None) -> SeedStatus:
+    """A submitted seed's status completed with what Slurm says of its job."""
     if job_info is None:
         status.reason = "not asked Slurm"
         return status
     try:
-        info = job_info(job_id)
+        info = job_info(status.job_id)
     except slurm.SlurmError as exc:
         status.reason = f"Slurm did not answer: {exc}"
         return status

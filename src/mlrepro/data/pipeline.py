@@ -48,39 +48,47 @@ def fill_stage(settings: mlrepro_config.Settings, benchmark: str, stage: str, ou
     # What an interrupted attempt left is resumed only where the tools check it (manifest.resumable).
     with atomic_dir(folder, resume=manifest.resumable(spec["sources"])) as partial:
         for source in spec["sources"]:
-            where = partial / source["into"] if source["into"] else partial
             if "user_path" in source:
                 where = _user_folder(source)
                 record["location"] = str(where)
                 checked = where / source["into"] if source["into"] else where
             else:
-                where.mkdir(parents=True, exist_ok=True)
-                checked = where
-                if "script" in source:
-                    _run_script(source, impl, where, image, log_path, {**bench.env, **token_env})
-                elif "hub" in source:
-                    repo = source["hub"]
-                    hub.hub_download(repo["repo_id"], where, repo_type=repo["repo_type"], revision=repo.get("revision"),
-                                     allow_patterns=repo.get("allow_patterns"), token_required=spec["needs_token"])
-                else:
-                    run_logged(["rclone", "copy", source["rclone"], str(where)], env={}, log_path=log_path, error=checks.DataError)
-                if source.get("cleanup"):
-                    for line in scripts.apply_cleanup(where, source["cleanup"]):
-                        log.info("%s cleanup: %s", stage, line)
+                checked = where = partial / source["into"] if source["into"] else partial
+                _fetch_source(source, where, spec, image, impl, log_path, stage, {**bench.env, **token_env})
             if source.get("expected_mounts"):
-                entries = [e for e in expected if e.key == source["expected_mounts"]]
-                if not entries:
-                    raise checks.DataError(f"{mounts_csv} has no rows for {source['expected_mounts']}")
-                problems = mounts.verify_mounts(checked, entries)
-                if problems:
-                    raise checks.DataError(
-                        f"{stage} does not match {mounts_csv.name} ({source['expected_mounts']}):\n  "
-                        + "\n  ".join(problems[:20]))
+                _check_mounts(checked, source["expected_mounts"], expected, mounts_csv, stage)
         for name in manifest.drop_transfer_state(partial):
             log.info("%s: removed transfer leftover %s", stage, name)
         total = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
         # Hashing a 140 GB checkpoint would take longer than downloading it; sizes are checked.
         manifest.write_manifest(partial, partial / out.name, extra=record, hash=total < 2**30, final_root=folder)
+
+
+def _fetch_source(source: dict, where: Path, spec: dict, image: str | None, impl: Path, log_path: Path, stage: str,
+                  env: dict) -> None:
+    """Bring one source's files into `where`: the implementation's script, a Hub repository or rclone."""
+    where.mkdir(parents=True, exist_ok=True)
+    if "script" in source:
+        _run_script(source, impl, where, image, log_path, env)
+    elif "hub" in source:
+        repo = source["hub"]
+        hub.hub_download(repo["repo_id"], where, repo_type=repo["repo_type"], revision=repo.get("revision"),
+                         allow_patterns=repo.get("allow_patterns"), token_required=spec["needs_token"])
+    else:
+        run_logged(["rclone", "copy", source["rclone"], str(where)], env={}, log_path=log_path, error=checks.DataError)
+    if source.get("cleanup"):
+        for line in scripts.apply_cleanup(where, source["cleanup"]):
+            log.info("%s cleanup: %s", stage, line)
+
+
+def _check_mounts(folder: Path, key: str, expected: list, mounts_csv: Path, stage: str) -> None:
+    """`folder` against the rows of expected-mounts.csv under `key`."""
+    entries = [e for e in expected if e.key == key]
+    if not entries:
+        raise checks.DataError(f"{mounts_csv} has no rows for {key}")
+    problems = mounts.verify_mounts(folder, entries)
+    if problems:
+        raise checks.DataError(f"{stage} does not match {mounts_csv.name} ({key}):\n  " + "\n  ".join(problems[:20]))
 
 
 TOKEN_ENV = "HF_TOKEN"

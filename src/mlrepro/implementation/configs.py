@@ -205,19 +205,8 @@ def _lookup(exported: Mapping[str, str], setting: str) -> tuple[str, str] | None
     return None
 
 
-def read_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = None) -> ImplementationConfig:
-    """Source config_<SYSTEM>.sh and describe the system shape and environment it sets.
-
-    `env` adds variables to the clean shell before sourcing (e.g. NEXP, which the
-    published configs use to size WALLTIME). Raises ImplementationError when bash
-    fails, a required variable is missing or malformed, or the values contradict the
-    shape that the file name encodes.
-    """
-    path = Path(config_path)
-    dgxsystem = dgxsystem_of(path)
-    exported, stderr = source_config(path, env)
-    label = path.name
-
+def _required(label: str, exported: Mapping[str, str], stderr: str) -> dict[str, tuple[str, str]]:
+    """The parallelism settings as (name, value) by tp/pp/cp; an error naming every required variable left unset."""
     missing = [key for key in ("DGXNNODES", "WALLTIME_RUNANDTIME", "WALLTIME", "MINIBS") if exported.get(key, "") == ""]
     parallel: dict[str, tuple[str, str]] = {}
     for setting in ("tp", "pp", "cp"):
@@ -233,6 +222,43 @@ def read_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = 
             + (f".\nbash said:\n{stderr}" if stderr else "")
         )
 
+    return parallel
+
+
+def _check_values(label: str, parallel: Mapping[str, tuple[str, str]], *, nodes: int, gpus_per_node: int,
+                  minibs: int, tp: int, pp: int, cp: int, runandtime: int, walltime: int) -> None:
+    """Raise unless the config's numbers make a launchable run (Megatron's and run.sub's conditions)."""
+    for key, value in (("DGXNNODES", nodes), ("DGXNGPU", gpus_per_node), ("MINIBS", minibs),
+                       (parallel["tp"][0], tp), (parallel["pp"][0], pp), (parallel["cp"][0], cp),
+                       ("WALLTIME_RUNANDTIME", runandtime), ("WALLTIME", walltime)):
+        if value == 0:
+            raise ImplementationError(f"{label}: {key} must be at least 1")
+    total = nodes * gpus_per_node
+    if total % (tp * pp * cp):
+        raise ImplementationError(
+            f"{label}: {nodes} nodes x {gpus_per_node} GPUs = {total} GPUs is not a multiple of "
+            f"TP*PP*CP = {tp}*{pp}*{cp} = {tp * pp * cp}"
+        )
+    if walltime < runandtime:
+        raise ImplementationError(
+            f"{label}: WALLTIME={walltime} min is shorter than one run's budget WALLTIME_RUNANDTIME={runandtime} min"
+        )
+
+
+def read_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = None) -> ImplementationConfig:
+    """Source config_<SYSTEM>.sh and describe the system shape and environment it sets.
+
+    `env` adds variables to the clean shell before sourcing (e.g. NEXP, which the
+    published configs use to size WALLTIME). Raises ImplementationError when bash
+    fails, a required variable is missing or malformed, or the values contradict the
+    shape that the file name encodes.
+    """
+    path = Path(config_path)
+    dgxsystem = dgxsystem_of(path)
+    exported, stderr = source_config(path, env)
+    label = path.name
+
+    parallel = _required(label, exported, stderr)
     nodes = _integer(label, "DGXNNODES", exported["DGXNNODES"])
     gpn_raw = exported.get("DGXNGPU", "")
     gpus_per_node = _integer(label, "DGXNGPU", gpn_raw) if gpn_raw else DEFAULT_GPUS_PER_NODE
@@ -250,21 +276,9 @@ def read_config(config_path: str | os.PathLike, env: Mapping[str, str] | None = 
         except ValueError:
             raise ImplementationError(f"{label}: LR={exported['LR']!r} is not a number") from None
 
-    for key, value in (("DGXNNODES", nodes), ("DGXNGPU", gpus_per_node), ("MINIBS", minibs),
-                       (parallel["tp"][0], tp), (parallel["pp"][0], pp), (parallel["cp"][0], cp),
-                       ("WALLTIME_RUNANDTIME", runandtime), ("WALLTIME", walltime)):
-        if value == 0:
-            raise ImplementationError(f"{label}: {key} must be at least 1")
+    _check_values(label, parallel, nodes=nodes, gpus_per_node=gpus_per_node, minibs=minibs, tp=tp, pp=pp, cp=cp,
+                  runandtime=runandtime, walltime=walltime)
     total = nodes * gpus_per_node
-    if total % (tp * pp * cp):
-        raise ImplementationError(
-            f"{label}: {nodes} nodes x {gpus_per_node} GPUs = {total} GPUs is not a multiple of "
-            f"TP*PP*CP = {tp}*{pp}*{cp} = {tp * pp * cp}"
-        )
-    if walltime < runandtime:
-        raise ImplementationError(
-            f"{label}: WALLTIME={walltime} min is shorter than one run's budget WALLTIME_RUNANDTIME={runandtime} min"
-        )
     gbs = minibs * (total // (tp * pp * cp))
 
     sourced_system = exported.get("DGXSYSTEM")

@@ -97,31 +97,36 @@ def fetch_implementation(
         return target
 
     with atomic_dir(dest, keep_on_error=False) as staged:
-        _git(["init", "--quiet", str(staged)])
-        _git(["remote", "add", "origin", repo_url], cwd=staged)
-        if folder:
-            _git(["sparse-checkout", "set", "--cone", folder], cwd=staged)
-        shallow = _git(["fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit],
-                       cwd=staged, check=False)
-        if shallow.returncode != 0:
-            # Some servers refuse to hand out a commit by sha; a full fetch still finds it
-            # when it is reachable from a branch or tag.
-            full = _git(["fetch", "--quiet", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*"],
-                        cwd=staged, check=False)
-            if full.returncode != 0:
-                raise FetchError(f"could not fetch {repo_url}:\n{full.stderr.strip() or shallow.stderr.strip()}")
-            if _git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=staged, check=False).returncode != 0:
-                raise FetchError(f"commit {commit} is not in {repo_url} (git said: {shallow.stderr.strip()})")
-        _git(["checkout", "--quiet", "--detach", commit], cwd=staged)
-        head = _git(["rev-parse", "HEAD"], cwd=staged).stdout.strip()
-        if head != commit:
-            raise FetchError(f"{repo_url}: checked out {head} but the pinned commit is {commit}")
-        if folder and not (staged / folder).is_dir():
-            raise FetchError(f"{repo_url} at {commit} has no folder {folder!r}")
-        record = {"source": repo_url, "commit": commit, "folder": folder}
-        (staged / ".git" / _RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        _checkout(repo_url, commit, folder, staged)
     log.info("fetched %s at %s into %s", repo_url, commit, dest)
     return target
+
+
+def _checkout(repo_url: str, commit: str, folder: str, staged: Path) -> None:
+    """`commit` of `repo_url` checked out in the empty folder `staged` (only `folder`, where sparse checkout allows)."""
+    _git(["init", "--quiet", str(staged)])
+    _git(["remote", "add", "origin", repo_url], cwd=staged)
+    if folder:
+        _git(["sparse-checkout", "set", "--cone", folder], cwd=staged)
+    shallow = _git(["fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit],
+                   cwd=staged, check=False)
+    if shallow.returncode != 0:
+        # Some servers refuse to hand out a commit by sha; a full fetch still finds it
+        # when it is reachable from a branch or tag.
+        full = _git(["fetch", "--quiet", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*"],
+                    cwd=staged, check=False)
+        if full.returncode != 0:
+            raise FetchError(f"could not fetch {repo_url}:\n{full.stderr.strip() or shallow.stderr.strip()}")
+        if _git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=staged, check=False).returncode != 0:
+            raise FetchError(f"commit {commit} is not in {repo_url} (git said: {shallow.stderr.strip()})")
+    _git(["checkout", "--quiet", "--detach", commit], cwd=staged)
+    head = _git(["rev-parse", "HEAD"], cwd=staged).stdout.strip()
+    if head != commit:
+        raise FetchError(f"{repo_url}: checked out {head} but the pinned commit is {commit}")
+    if folder and not (staged / folder).is_dir():
+        raise FetchError(f"{repo_url} at {commit} has no folder {folder!r}")
+    record = {"source": repo_url, "commit": commit, "folder": folder}
+    (staged / ".git" / _RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _copy_local_folder(source_root: Path, folder: str, dest: Path) -> Path:

@@ -187,13 +187,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         with _environ(**{proctree.MARKER: marker}):
             job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(attempt_log),
                                   str(logdir / "run.pid"))
-        atomic_write_json(
-            seed_dir / "job.json",
-            {"scheduler": "local", "host": socket.gethostname(), "controller_pid": int(job.job_id),
-             "owner_pid": os.getpid(), "owner_start": proctree.start_time(os.getpid()), "attempt": attempt,
-             "logdir": str(logdir), "submitted": _now(), "ranks": plan.ranks,
-             "walltime_minutes": plan.walltime_minutes},
-        )
+        _record_job(plan, int(job.job_id), attempt, logdir)
 
         def cancel(signum, _frame):
             job.cancel()
@@ -220,18 +214,37 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         if watchdog is not None:
             watchdog.terminate()
             watchdog.wait()
+    _check_exit(plan, rc, attempt, attempt_log, run_log)
+
+
+def _record_job(plan: SeedPlan, controller_pid: int, attempt: int, logdir: Path) -> None:
+    """job.json of a local attempt: who waits on it (to stop it after a crash) and where it logs."""
+    from mlrepro.util import proctree
+
+    atomic_write_json(
+        plan.seed_dir / "job.json",
+        {"scheduler": "local", "host": socket.gethostname(), "controller_pid": controller_pid,
+         "owner_pid": os.getpid(), "owner_start": proctree.start_time(os.getpid()), "attempt": attempt,
+         "logdir": str(logdir), "submitted": _now(), "ranks": plan.ranks,
+         "walltime_minutes": plan.walltime_minutes},
+    )
+
+
+def _check_exit(plan: SeedPlan, rc: int, attempt: int, attempt_log: Path, run_log: Path) -> None:
+    """Fail the seed, with its reason recorded, unless run_and_time ended with 0."""
     if rc == LOG_WRITE_EXIT:
         try:
-            _probe_writable(logdir)
+            _probe_writable(attempt_log.parent)
         except OSError as exc:
             _io_failure(plan, exc)
         _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
     if rc == WALLTIME_EXIT:
-        record_failure(seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT",
+        record_failure(plan.seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT",
                        attempt=attempt)
         raise SeedFailed(f"seed {plan.seed}: timeout after {plan.walltime_minutes} min; see {run_log}")
     if rc != 0:
-        record_failure(seed_dir, f"run_and_time.sh exited with {rc}", state="FAILED", exit_code=rc, attempt=attempt)
+        record_failure(plan.seed_dir, f"run_and_time.sh exited with {rc}", state="FAILED", exit_code=rc,
+                       attempt=attempt)
         raise SeedFailed(f"seed {plan.seed}: run_and_time.sh exited with {rc}; see {run_log}")
 
 

@@ -199,24 +199,10 @@ def check_rcp(runs: Sequence[RcpRun], *, benchmark: str, ruleset: str, usage: st
         out["reason"] = "Insufficient convergence (more than one run did not converge)"
         return out
 
-    record = checker._find_rcp(bs, "pruned_rcps")
-    if record is not None:
-        msg = "RCP found"
-    else:
-        low = checker._find_top_min_rcp(bs, "pruned_rcps")
-        high = checker._find_bottom_max_rcp(bs, "pruned_rcps")
-        if low is not None and high is not None:
-            msg = "RCP Interpolation"
-            _, record = checker._create_interp_rcp(bs, low, high)
-        elif low is not None:
-            out["reason"] = f"Missing RCP, please submit RCP with BS = {bs}"
-            return out
-        elif high is not None:
-            msg = "RCP not found but slower convergence on smaller batch size"
-            record = checker._find_min_rcp("pruned_rcps")
-        else:
-            out["reason"] = "Cannot find any RCPs"
-            return out
+    record, msg = _rcp_record(checker, bs)
+    if record is None:
+        out["reason"] = msg
+        return out
 
     rcp_mean = float(record["RCP Mean"])
     max_speedup = float(record["Max Speedup"])
@@ -248,6 +234,23 @@ def check_rcp(runs: Sequence[RcpRun], *, benchmark: str, ruleset: str, usage: st
         out["reason"] = (f"{msg}; mean samples to converge {subm_mean:g} is below the fastest allowed "
                          f"{rcp_mean / max_speedup:g} (RCP mean {rcp_mean:g})")
     return out
+
+
+def _rcp_record(checker, bs: int) -> tuple[dict | None, str]:
+    """The reference record for batch size `bs` and how it was found (rcp_checker's own order:
+    exact, interpolated, a smaller batch's), or None and why there is none."""
+    record = checker._find_rcp(bs, "pruned_rcps")
+    if record is not None:
+        return record, "RCP found"
+    low = checker._find_top_min_rcp(bs, "pruned_rcps")
+    high = checker._find_bottom_max_rcp(bs, "pruned_rcps")
+    if low is not None and high is not None:
+        return checker._create_interp_rcp(bs, low, high)[1], "RCP Interpolation"
+    if low is not None:
+        return None, f"Missing RCP, please submit RCP with BS = {bs}"
+    if high is not None:
+        return checker._find_min_rcp("pruned_rcps"), "RCP not found but slower convergence on smaller batch size"
+    return None, "Cannot find any RCPs"
 
 
 def _version_at_least(version: str, minimum: str) -> bool:

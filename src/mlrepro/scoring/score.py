@@ -219,25 +219,9 @@ def _mixed_runs(log: ParsedLog, window: Sequence[Record], metric: str) -> list[s
     return why
 
 
-def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool = True,
-              seed: int | None = None) -> dict:
-    """Score one run's log. Never raises on bad log content.
-
-    Returns the run.json content: file, seed, benchmark, minutes, status,
-    converged, target_reached, samples_to_converge, global_batch_size, evals,
-    compliance {checked, pass, reasons}, counted, reasons, problems.
-    """
-    path = Path(log_path)
-    log = parse_log(path)
-    reasons: list[str] = []
-    run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _logged_seed(log)}
-
-    logged_bench = log.value("submission_benchmark")
-    run["benchmark"] = logged_bench if isinstance(logged_bench, str) else None
-    expected = {rules.benchmark, rules.mlperf_benchmark} - {None}
-    if run["benchmark"] is not None and run["benchmark"] not in expected:
-        reasons.append(f"log is for benchmark {run['benchmark']}, not {rules.mlperf_benchmark or rules.benchmark}")
-
+def _timed_window(log: ParsedLog, reasons: list[str]) -> tuple[Any, Any, list, float | None]:
+    """run_start, run_stop, the records between them and the minutes between them (None, with the
+    reason added to `reasons`, when they do not make a run time)."""
     start, stop = log.first("run_start"), log.first("run_stop")
     position = {id(r): i for i, r in enumerate(log.records)}
     # Only what the run logged between run_start and run_stop counts: an evaluation
@@ -260,6 +244,46 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
         elif last < first or minutes <= 0:
             reasons.append("run_stop is not after run_start")
             minutes = None
+    return start, stop, window, minutes
+
+
+def _evaluations(window: list, metric: str) -> tuple[list[list[float]], float | None]:
+    """[samples, value] of each evaluation of `metric` in the window, and the last sample count
+    logged with one (samples-to-converge, as rcp_checker reads it)."""
+    evals: list[list[float]] = []
+    last_samples = None
+    for rec in window:
+        if rec.key != metric:
+            continue
+        samples = _number(rec.metadata.get("samples_count"))
+        value = _number(rec.value)
+        if samples is not None:
+            last_samples = samples
+        if value is not None:
+            evals.append([samples, value])
+    return evals, last_samples
+
+
+def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool = True,
+              seed: int | None = None) -> dict:
+    """Score one run's log. Never raises on bad log content.
+
+    Returns the run.json content: file, seed, benchmark, minutes, status,
+    converged, target_reached, samples_to_converge, global_batch_size, evals,
+    compliance {checked, pass, reasons}, counted, reasons, problems.
+    """
+    path = Path(log_path)
+    log = parse_log(path)
+    reasons: list[str] = []
+    run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _logged_seed(log)}
+
+    logged_bench = log.value("submission_benchmark")
+    run["benchmark"] = logged_bench if isinstance(logged_bench, str) else None
+    expected = {rules.benchmark, rules.mlperf_benchmark} - {None}
+    if run["benchmark"] is not None and run["benchmark"] not in expected:
+        reasons.append(f"log is for benchmark {run['benchmark']}, not {rules.mlperf_benchmark or rules.benchmark}")
+
+    start, stop, window, minutes = _timed_window(log, reasons)
     mixed = _mixed_runs(log, window, rules.target_metric)
     if mixed:
         reasons.extend(mixed)
@@ -270,19 +294,7 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     if stop is not None and run["status"] != "success":
         reasons.append(f"run_stop status is {run['status'] or 'missing'}, not success")
 
-    # Evaluations of the run; samples-to-converge is the sample count of the last
-    # one, as rcp_checker reads it.
-    evals: list[list[float]] = []
-    last_samples = None
-    for rec in window:
-        if rec.key != rules.target_metric:
-            continue
-        samples = _number(rec.metadata.get("samples_count"))
-        value = _number(rec.value)
-        if samples is not None:
-            last_samples = samples
-        if value is not None:
-            evals.append([samples, value])
+    evals, last_samples = _evaluations(window, rules.target_metric)
     run["evals"] = evals
     run["target_reached"] = any(rules.target_met(v) for _, v in evals)
     if not evals:
@@ -346,19 +358,9 @@ def olympic_mean(minutes: Sequence[float], failed: int, max_failed: int = 1) -> 
     return sum(countable) * 1.0 / len(countable)
 
 
-def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Sequence[dict] | None = None,
-               run_compliance: bool = True) -> dict:
-    """Score a set of runs of one benchmark: the score.json content.
-
-    `runs` may hold precomputed ``score_run`` results (e.g. read back from each
-    seed's run.json) so compliance is not run twice; otherwise each log in
-    `log_paths` is scored here.
-    """
-    if runs is None:
-        runs = [score_run(p, rules, run_compliance=run_compliance) for p in log_paths]
-    runs = [dict(r, reasons=list(r.get("reasons") or [])) for r in runs]
-    reasons: list[str] = []
-
+def _mark_duplicates(runs: list[dict]) -> None:
+    """Mark (not counted, with the reason) each run that repeats an earlier one: the same MLLOG
+    records, or the same seed."""
     seen: dict[Any, str] = {}
     same_log: dict[str, str] = {}
     for run in runs:
@@ -380,6 +382,39 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
             run["reasons"].append(f"duplicate seed {seed} (also in {seen[seed]}); not scored")
         else:
             seen[seed] = run.get("file")
+
+
+def _rcp_of(distinct: list[dict], rules: Rules, reasons: list[str]) -> dict:
+    """The RCP check of the runs (MLPerf benchmarks), its failure added to `reasons`."""
+    if rules.mlperf_benchmark:
+        rcp = checkers.check_rcp(
+            [checkers.RcpRun(r.get("status") == "success", _rcp_samples(r, rules), r.get("global_batch_size"))
+             for r in distinct],
+            benchmark=rules.mlperf_benchmark, ruleset=rules.ruleset, usage=rules.usage)
+        if rcp["checked"] and not rcp["pass"]:
+            reasons.append(f"RCP check failed: {rcp['reason']}")
+        elif not rcp["checked"]:
+            reasons.append(f"RCP check not possible: {rcp['reason']}")
+    else:
+        rcp = {"checked": False, "pass": None, "scaling_factor": 1.0,
+               "reason": f"no MLPerf ruleset for {rules.benchmark}: no reference convergence points"}
+    return rcp
+
+
+def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Sequence[dict] | None = None,
+               run_compliance: bool = True) -> dict:
+    """Score a set of runs of one benchmark: the score.json content.
+
+    `runs` may hold precomputed ``score_run`` results (e.g. read back from each
+    seed's run.json) so compliance is not run twice; otherwise each log in
+    `log_paths` is scored here.
+    """
+    if runs is None:
+        runs = [score_run(p, rules, run_compliance=run_compliance) for p in log_paths]
+    runs = [dict(r, reasons=list(r.get("reasons") or [])) for r in runs]
+    reasons: list[str] = []
+
+    _mark_duplicates(runs)
     distinct = [r for r in runs if not r["duplicate"]]
     counted = [r for r in distinct if r.get("counted") and r.get("minutes") is not None]
     failed = [r for r in distinct if r not in counted]
@@ -398,18 +433,7 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
     if olympic is None and len(failed) <= rules.max_failed_runs and runs:
         reasons.append("not enough runs left for an olympic mean")
 
-    if rules.mlperf_benchmark:
-        rcp = checkers.check_rcp(
-            [checkers.RcpRun(r.get("status") == "success", _rcp_samples(r, rules), r.get("global_batch_size"))
-             for r in distinct],
-            benchmark=rules.mlperf_benchmark, ruleset=rules.ruleset, usage=rules.usage)
-        if rcp["checked"] and not rcp["pass"]:
-            reasons.append(f"RCP check failed: {rcp['reason']}")
-        elif not rcp["checked"]:
-            reasons.append(f"RCP check not possible: {rcp['reason']}")
-    else:
-        rcp = {"checked": False, "pass": None, "scaling_factor": 1.0,
-               "reason": f"no MLPerf ruleset for {rules.benchmark}: no reference convergence points"}
+    rcp = _rcp_of(distinct, rules, reasons)
     score = olympic * rcp["scaling_factor"] if olympic is not None else None
     return {
         "benchmark": rules.benchmark,

@@ -1,4 +1,4 @@
-"""Atomic file and folder writes.
+"""Files the workflow trusts: atomic writes of files and folders, content hashes, private permissions.
 
 Every target the workflow trusts is written through these helpers: a temporary
 sibling is filled, flushed and renamed over the target, so an interrupted stage
