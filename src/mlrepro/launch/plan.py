@@ -55,33 +55,33 @@ def _pick_config(impl_dir: Path, nodes: int, gpus_per_node: int, requested: str 
     return implementation.pick_config(impl_dir, nodes, gpus_per_node, requested=requested)
 
 
-def implementation_config(benchmark: Benchmark, system: System):
+def implementation_config(bench: Benchmark, system: System):
     """The config_<SYS>.sh this benchmark uses on this system, read and checked against the system."""
-    requested = system.implementation_configs.get(benchmark.name)
+    requested = system.implementation_configs.get(bench.name)
     try:
-        return _pick_config(benchmark.implementation_dir, system.nodes, system.gpus_per_node, requested)
+        return _pick_config(bench.implementation_dir, system.nodes, system.gpus_per_node, requested)
     except implementation.ImplementationError as exc:
-        if requested or not _plannable(benchmark):
-            raise ConfigError(f"{benchmark.name} on system {system.name}: {exc}") from None
+        if requested or not _plannable(bench):
+            raise ConfigError(f"{bench.name} on system {system.name}: {exc}") from None
         unfit = exc
     # No published config fits: the planner writes one for this system, which then fits exactly.
     from mlrepro.plan import generate, hardware, search
 
     try:
-        generate.generate_config(benchmark, system)
+        generate.generate_config(bench, system)
     except (search.PlanError, hardware.HardwareUnknown) as why:
-        raise ConfigError(f"{benchmark.name} on system {system.name}: {unfit}\n"
+        raise ConfigError(f"{bench.name} on system {system.name}: {unfit}\n"
                           f"mlrepro plan could not generate one either: {why}") from None
     _pick_config.cache_clear()
-    return _pick_config(benchmark.implementation_dir, system.nodes, system.gpus_per_node, None)
+    return _pick_config(bench.implementation_dir, system.nodes, system.gpus_per_node, None)
 
 
-def _plannable(benchmark: Benchmark) -> bool:
+def _plannable(bench: Benchmark) -> bool:
     """An NVIDIA benchmark the planner has rules for, with published configs to start from."""
     from mlrepro.plan import workloads
 
-    folder = Path(benchmark.implementation_dir)
-    return (benchmark.mlperf_benchmark in workloads.BENCHMARKS and folder.is_dir()
+    folder = Path(bench.implementation_dir)
+    return (bench.mlperf_benchmark in workloads.BENCHMARKS and folder.is_dir()
             and bool(implementation.list_configs(folder)))
 
 
@@ -127,25 +127,25 @@ class SeedPlan:
         return f"{head}: local run_and_time.sh through submitit"
 
 
-def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
-    benchmark = settings.benchmark(benchmark_name)
-    if seed not in benchmark.seeds:
-        raise ConfigError(f"seed {seed} is not a seed of {benchmark_name} (seeds: {list(benchmark.seeds)})")
+def plan_seed(settings: Settings, benchmark: str, seed: int) -> SeedPlan:
+    bench = settings.benchmark(benchmark)
+    if seed not in bench.seeds:
+        raise ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
     system = settings.system
-    cfg = implementation_config(benchmark, system)
+    cfg = implementation_config(bench, system)
     root = settings.root
-    seed_dir = layout.seed_dir(root, benchmark_name, seed)
-    places = {stage: str(layout.stage_location(root, benchmark_name, stage)) for stage in RUN_ENV_PLACEHOLDERS}
+    seed_dir = layout.seed_dir(root, benchmark, seed)
+    places = {stage: str(layout.stage_location(root, benchmark, stage)) for stage in RUN_ENV_PLACEHOLDERS}
     env = {
         **cfg.env,
-        **benchmark.env,
-        **{key: value.format(**places) for key, value in benchmark.run_env.items()},
+        **bench.env,
+        **{key: value.format(**places) for key, value in bench.run_env.items()},
         "DGXSYSTEM": cfg.dgxsystem,
         "SEED": str(seed),
         "NEXP": "1",
     }
     plan = SeedPlan(
-        benchmark=benchmark_name,
+        benchmark=benchmark,
         seed=seed,
         scheduler=system.scheduler,
         implementation_dir=cfg.path.parent,
@@ -156,7 +156,7 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
         walltime_minutes=cfg.walltime_min,
         seed_dir=seed_dir,
         env=env,
-        job_name=job_name(benchmark_name, seed, seed_dir),
+        job_name=job_name(benchmark, seed, seed_dir),
         generated=_generated(cfg.path),
     )
     if system.scheduler == "slurm":

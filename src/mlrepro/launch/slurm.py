@@ -28,7 +28,8 @@ NODE_SUSPECT_STATES = {"NODE_FAIL", "FAILED", "OUT_OF_MEMORY"}
 
 def _container_image(plan: SeedPlan) -> str:
     """What run.sub gets as CONT: the .sqsh, the pushed or built image, or `none` to run on the host."""
-    record = layout.read_container(plan.seed_dir.parent.parent.parent, plan.benchmark)
+    root = plan.seed_dir.parents[2]  # seed_dir is <root>/results/<benchmark>/seed_<N> (layout.seed_dir)
+    record = layout.read_container(root, plan.benchmark)
     return layout.container_image(record, pushed=True) or "none"
 
 
