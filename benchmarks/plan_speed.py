@@ -24,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[8, 16, 64, 128, 256, 512, 1024])
     args = parser.parse_args()
-    h100 = hardware.load(ROOT, "dgxh100-64x8")
+    h100 = hardware.load(ROOT, "dgxh100-64x8", measured=False)
     cases = [("gpt-175b", lambda: workloads.gpt("175b")), ("gpt-13b", lambda: workloads.gpt("13b")),
              ("llama31_405b", lambda: workloads.LLAMA31_405B), ("llama2_70b_lora", lambda: workloads.LLAMA2_70B_LORA)]
     started = time.perf_counter()
