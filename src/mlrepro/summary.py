@@ -81,8 +81,8 @@ def _cell(column: str, value) -> str:
     return html.escape(str(value))
 
 
-SHOWN = ["benchmark", "system", "config", "verdict", "score_minutes", "reference_score_minutes", "difference_pct",
-         "reference", "p", "rcp", "why", "report"]
+SHOWN = ["benchmark", "system", "verdict", "score_minutes", "reference_score_minutes", "difference_pct", "reference",
+         "p", "rcp", "why", "config", "report"]
 # Column headings of the page (the CSV and JSON keep the column names).
 LABELS = {"score_minutes": "your score (min)", "reference_score_minutes": "reference score (min)",
           "difference_pct": "difference", "p": "p: time to train / per sample / samples",
