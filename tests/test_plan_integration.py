@@ -199,3 +199,30 @@ def test_generated_config_was_planned_with_the_measured_figures(generated_tree):
     text = config.read_text()
     # gpu memory as preflight measured it (85.0 GB = 79.19 GiB), not the datasheet's 80
     assert "GB of 85.03 GB per GPU" in text, text[:600]
+
+
+# ---------------------------------------------------------------- the dropout assumption
+
+
+def test_dropout_is_an_explicit_choice_of_the_memory_model(capsys, monkeypatch):
+    """Korthikanti's 34sbh + 5as^2b stores dropout masks; without dropout the same layer keeps
+    32sbh + 2as^2b. The planner's default is no dropout, and its Megatron-LM arguments say so."""
+    from mlrepro.plan import memory
+    from mlrepro.plan.layout import Layout
+
+    def kept(dropout: bool) -> float:
+        w = workloads.gpt("1.3b", 8, flash_attention=False, dropout=dropout)
+        return memory.layer_activation_bytes(w, Layout(mbs=4))[0]
+
+    m = workloads.gpt("1.3b").model
+    sbh, as2b = m.seq * 4 * m.hidden, m.heads * m.seq ** 2 * 4
+    assert kept(True) == pytest.approx(34 * sbh + 5 * as2b) and kept(False) == pytest.approx(32 * sbh + 2 * as2b)
+    assert "dropout" in memory.layer_activation_bytes.__doc__ and "dropout" in memory.estimate.__doc__
+    monkeypatch.chdir(ROOT)
+    for flag, zeroed in (([], True), (["--dropout"], False)):
+        assert main(["plan", "--model", "gpt-1.3b", "--gpus", "8", "--system", "dgxh100-64x8", "--datasheet",
+                     "--json", *flag]) == 0
+        args = json.loads(capsys.readouterr().out)["megatron_args"]
+        assert ("--hidden-dropout" in args) == zeroed
+    assert main(["plan", "--benchmark", "llama2_70b_lora", "--system", "gb200-nvl72", "--dropout"]) == 2
+    assert "--dropout applies to --model" in capsys.readouterr().err

@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", required=True, help="config/systems/<name>.yaml, with its hardware: figures")
     parser.add_argument("--gpus", type=int, help="plan for this many GPUs of the system's kind instead of all of it")
     parser.add_argument("--gbs", type=int, help="global batch size, sequences (GPT; default: the GPT-3 paper's)")
+    parser.add_argument("--dropout", action="store_true",
+                        help="GPT: train with dropout (its masks are stored; default: none, and the Megatron-LM "
+                             "arguments say --attention-dropout 0 --hidden-dropout 0)")
     parser.add_argument("--margin", type=float, default=search.DEFAULT_MARGIN,
                         help="share of GPU memory a plan may fill (default %(default)s)")
     parser.add_argument("--mfu", type=float,
@@ -65,10 +68,13 @@ def make_plan(args: argparse.Namespace) -> search.Plan:
     if args.benchmark:
         if args.gbs:
             raise search.PlanError("--gbs applies to --model; a benchmark's GBS follows its rule (MINIBS x DP)")
+        if args.dropout:
+            raise search.PlanError("--dropout applies to --model (a GPT size); a benchmark is planned as its "
+                                   "workload in mlrepro/plan/workloads.py describes it")
         work = resolve_benchmark(args.root, args.benchmark)
     else:
         try:
-            work = workloads.gpt(args.model, args.gbs)
+            work = workloads.gpt(args.model, args.gbs, dropout=args.dropout)
         except KeyError as exc:
             raise search.PlanError(str(exc.args[0])) from None
     return search.plan(work, facts, margin=args.margin, top=args.top)
