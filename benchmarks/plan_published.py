@@ -5,8 +5,10 @@ comes with numbers.
 
     PYTHONPATH=src python benchmarks/plan_published.py
 
-What it printed (2026-11-23; minutes are the planner's time to train at MFU 0.484 of the bf16
-peak, so only their ratios mean anything):
+What it printed (2026-11-23, re-run at the end of session 5 with the same figures: the table is
+benchmarks/recorded/plan_published.txt; datasheet figures, measured=False, since these are NVIDIA's
+systems, not ours; minutes are the planner's time to train at MFU 0.484 of the bf16 peak, so only
+their ratios mean anything):
 
 * Same TP/PP/CP as published, 8 of 12: DGXB200 1x8 (TP1 CP1, FP8_ACT as published), GB200 2x4,
   GB200 18x4 (TP1 CP8, GBS 9), DGXH100 64x8 / 256x8 / 304x8 / 320x8 (TP8 PP8 CP2 VPP8, and the
