@@ -26,6 +26,13 @@ their ratios mean anything):
 * GB200 128x4 llama31_405b: published TP4 PP8 CP2 GBS 896, planner TP2 PP16 CP4 GBS 1152 (TP
   is the only communication the model lets overlap, at 80%; CP and PP are priced exposed but are
   small with 8 KV groups): published priced 5.3% slower.
+
+Tried and not kept: a latency per message (the alpha of an alpha-beta model; the 1 MiB all-reduce
+on 2x H200, 36 GB/s against a 343 GB/s plateau, implies ~26 us). With 10 / 25 us it narrows
+GB200 128x4 LoRA to +95% / +85% and 405B 1024x8 to +8.9% / +7.7%, but widens 36x4 to +31% / +38%
+and breaks 18x4 (+3.9% / +11.2%: TP4 CP4 would win), because it prices CP's ring hops that
+Transformer Engine hides behind the attention compute. The gaps need measured strong-scaling
+efficiency (step time against GPUs per replica), which this session had no GPUs to take.
 """
 
 from __future__ import annotations
