@@ -83,11 +83,12 @@ def from_system(system: mlrepro_config.System, results: str | Path | None = None
     if results is None:
         return facts
     results = Path(results)
-    return measured(facts, read_json(results / "preflight" / system.name / "preflight.json"),
-                    read_json(results / "baseline" / system.name / "baseline.json"))
+    return with_measured(facts, read_json(results / "preflight" / system.name / "preflight.json"),
+                         read_json(results / "baseline" / system.name / "baseline.json"))
 
 
 def datasheet(system: mlrepro_config.System) -> SystemFacts:
+    """The figures of the system file's hardware: block (and the default MFU)."""
     hw = dict(getattr(system, "hardware", None) or {})
     missing = [k for k in _REQUIRED if k not in hw]
     if missing:
@@ -154,7 +155,7 @@ def _allreduce_busbw(preflight: dict) -> float | None:
     return statistics.median(largest) if largest else None
 
 
-def measured(facts: SystemFacts, preflight: dict | None, baseline: dict | None) -> SystemFacts:
+def with_measured(facts: SystemFacts, preflight: dict | None, baseline: dict | None) -> SystemFacts:
     """`facts` with the figures preflight and the baseline stage measured in place of the datasheet's."""
     changes, sources = {}, dict(facts.sources)
     pre = (preflight or {}).get("summary") or {}
