@@ -128,7 +128,9 @@ def test_preflight_fills_the_system_description():
     assert desc == {"accelerator_model_name": "NVIDIA H100 80GB HBM3", "accelerators_per_node": "2",
                     "accelerator_memory_capacity": "79.2 GiB",
                     "other_software_stack": "driver 580.95, cuda 13.0, torch 2.11.0, nccl 2.28.3"}
-    assert package.preflight_description({"summary": {"gpu_model": "not applicable", "gpu_memory_gib": None}}) == {}
+    cpu = {"summary": {"gpu_model": "not applicable", "gpus_per_node": 0, "gpu_memory_gib": None},
+           "versions": {"cuda": None, "torch": "2.11.0+cpu", "nccl": "not applicable"}}
+    assert package.preflight_description(cpu) == {"other_software_stack": "torch 2.11.0+cpu"}
 
 
 # ---------------------------------------------------------------- a generated config in the results

@@ -46,12 +46,15 @@ def preflight_description(preflight: dict) -> dict:
     def known(value) -> bool:
         return value not in (None, "", "not applicable") and not isinstance(value, (dict, list))
 
+    def positive(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
     out = {}
     if known(summary.get("gpu_model")):
         out["accelerator_model_name"] = str(summary["gpu_model"])
-    if known(summary.get("gpus_per_node")):
+    if positive(summary.get("gpus_per_node")):
         out["accelerators_per_node"] = str(summary["gpus_per_node"])
-    if isinstance(summary.get("gpu_memory_gib"), (int, float)) and summary["gpu_memory_gib"] > 0:
+    if positive(summary.get("gpu_memory_gib")):
         out["accelerator_memory_capacity"] = f"{summary['gpu_memory_gib']:.1f} GiB"
     versions = {k: v for k, v in (preflight.get("versions") or {}).items() if known(v)}
     if versions:
