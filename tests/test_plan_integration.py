@@ -201,6 +201,8 @@ def test_generated_config_was_planned_with_the_measured_figures(generated_tree):
     text = config.read_text()
     # gpu memory as preflight measured it (85.0 GB = 79.19 GiB), not the datasheet's 80
     assert "GB of 85.03 GB per GPU" in text, text[:600]
+    measured = next(line for line in text.splitlines() if line.startswith("# Measured: "))
+    assert "mfu 0.484" in measured and "baseline (gpt-1.3b" in measured and "nvlink_busbw_gbs 322 from preflight" in measured
 
 
 # ---------------------------------------------------------------- the dropout assumption

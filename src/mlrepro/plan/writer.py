@@ -54,6 +54,10 @@ def _summary(plan: Plan, template: Path | None) -> list[str]:
              f"# Predicted: {row['memory_gb']:.1f} GB of {plan.facts.gpu_memory_gb:.4g} GB per GPU, "
              f"{row['step_s']:.3f} s per step"
              + (f", {row['steps']} steps to the RCP mean, {row['objective_s'] / 60:.1f} min of training." if row['steps'] else ".")]
+    measured = [f"{f['figure']} {f['value']:g} from {f['source']}" for f in plan.facts.figures()
+                if f["source"].startswith(("preflight", "baseline"))]
+    if measured:
+        lines.append("# Measured: " + "; ".join(measured) + ".")
     if template is not None:
         lines.append(f"# Hyperparameters and system settings from the published {template.name}.")
     return lines
