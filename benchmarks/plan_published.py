@@ -5,8 +5,10 @@ comes with numbers.
 
     PYTHONPATH=src python benchmarks/plan_published.py
 
-What it printed (2026-11-23; minutes are the planner's time to train at MFU 0.484 of the bf16
-peak, so only their ratios mean anything):
+What it printed (2026-11-23, re-run at the end of session 5 with the same figures: the table is
+benchmarks/recorded/plan_published.txt; datasheet figures, measured=False, since these are NVIDIA's
+systems, not ours; minutes are the planner's time to train at MFU 0.484 of the bf16 peak, so only
+their ratios mean anything):
 
 * Same TP/PP/CP as published, 8 of 12: DGXB200 1x8 (TP1 CP1, FP8_ACT as published), GB200 2x4,
   GB200 18x4 (TP1 CP8, GBS 9), DGXH100 64x8 / 256x8 / 304x8 / 320x8 (TP8 PP8 CP2 VPP8, and the
@@ -24,6 +26,13 @@ peak, so only their ratios mean anything):
 * GB200 128x4 llama31_405b: published TP4 PP8 CP2 GBS 896, planner TP2 PP16 CP4 GBS 1152 (TP
   is the only communication the model lets overlap, at 80%; CP and PP are priced exposed but are
   small with 8 KV groups): published priced 5.3% slower.
+
+Tried and not kept: a latency per message (the alpha of an alpha-beta model; the 1 MiB all-reduce
+on 2x H200, 36 GB/s against a 343 GB/s plateau, implies ~26 us). With 10 / 25 us it narrows
+GB200 128x4 LoRA to +95% / +85% and 405B 1024x8 to +8.9% / +7.7%, but widens 36x4 to +31% / +38%
+and breaks 18x4 (+3.9% / +11.2%: TP4 CP4 would win), because it prices CP's ring hops that
+Transformer Engine hides behind the attention compute. The gaps need measured strong-scaling
+efficiency (step time against GPUs per replica), which this session had no GPUs to take.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ def published_configs():
 
 
 def compare(work: workloads.Workload, cfg) -> dict:
-    facts = hardware.load(ROOT, SYSTEM_OF_PLATFORM[cfg.name_shape.platform]).with_gpus(cfg.total_gpus)
+    facts = hardware.load(ROOT, SYSTEM_OF_PLATFORM[cfg.name_shape.platform], measured=False).with_gpus(cfg.total_gpus)
     vpp = int(cfg.env.get("INTERLEAVED_PIPELINE", "1")) if cfg.pp > 1 else 1
     pinned = {"tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "dp": cfg.data_parallel, "ga": cfg.minibs, "vpp": vpp}
     row = {"config": cfg.system, "published": f"TP{cfg.tp} PP{cfg.pp} CP{cfg.cp} DP{cfg.data_parallel} "

@@ -7,6 +7,14 @@ are the GPT-3 paper's; attention is materialised and dropout on, as in Megatron-
 GPT-3 examples of that time; ZeRO-1 is the distributed optimizer.
 
     PYTHONPATH=src python benchmarks/plan_seed002.py
+
+Recorded (2026-11-23; benchmarks/recorded/plan_seed002.txt): all nine layouts fit their GPUs;
+13B as TP1 PP4 DP4 on 16 x A100 80GB only with selective recompute (46.0 GB; without it the
+attention scores and dropout do not fit). The planner keeps the seed's layout for the six
+125M/1.3B rows and would run 13B as TP1 PP2 CP2 DP4 (16 GPUs, 65.7 GB, 1% faster), TP1 PP4 DP8
+(32 GPUs, 74.4 GB, 0.3% slower but within the 1% tolerance and simpler: 4 GPUs per replica, not
+8) and TP1 PP8 CP2 DP4 (64 GPUs, 30.3 GB, 3% faster than the seed's TP4 PP4 DP4, whose TP
+all-reduces the model does not overlap in plain Megatron).
 """
 
 from __future__ import annotations

@@ -26,9 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", required=True, help="config/systems/<name>.yaml, with its hardware: figures")
     parser.add_argument("--gpus", type=int, help="plan for this many GPUs of the system's kind instead of all of it")
     parser.add_argument("--gbs", type=int, help="global batch size, sequences (GPT; default: the GPT-3 paper's)")
+    parser.add_argument("--dropout", action="store_true",
+                        help="GPT: train with dropout (its masks are stored; default: none, and the Megatron-LM "
+                             "arguments say --attention-dropout 0 --hidden-dropout 0)")
     parser.add_argument("--margin", type=float, default=search.DEFAULT_MARGIN,
                         help="share of GPU memory a plan may fill (default %(default)s)")
-    parser.add_argument("--mfu", type=float, help="model FLOPs utilisation to assume (default: the system's, or 0.484)")
+    parser.add_argument("--mfu", type=float,
+                        help="model FLOPs utilisation of the datasheet peak to assume (default: the baseline stage's "
+                             "measured one, else preflight's matmul rate x 0.632, else the system's, else 0.484)")
+    parser.add_argument("--datasheet", action="store_true",
+                        help="plan with the system file's figures only, not those measured under results/")
     parser.add_argument("--top", type=int, default=10, help="plans to list (default %(default)s)")
     parser.add_argument("--write", type=Path, metavar="DIR",
                         help="write the winner into DIR: a config_<SYS>.sh for an NVIDIA benchmark (DIR should hold "
@@ -53,19 +60,24 @@ def resolve_benchmark(root: Path, name: str) -> workloads.Workload:
 
 
 def make_plan(args: argparse.Namespace) -> search.Plan:
-    facts = hardware.load(args.root, args.system)
+    facts = hardware.load(args.root, args.system, measured=not args.datasheet)
+    if args.mfu:
+        facts = facts.with_mfu(args.mfu, "--mfu")
     if args.gpus:
         facts = facts.with_gpus(args.gpus)
     if args.benchmark:
         if args.gbs:
             raise search.PlanError("--gbs applies to --model; a benchmark's GBS follows its rule (MINIBS x DP)")
+        if args.dropout:
+            raise search.PlanError("--dropout applies to --model (a GPT size); a benchmark is planned as its "
+                                   "workload in mlrepro/plan/workloads.py describes it")
         work = resolve_benchmark(args.root, args.benchmark)
     else:
         try:
-            work = workloads.gpt(args.model, args.gbs)
+            work = workloads.gpt(args.model, args.gbs, dropout=args.dropout)
         except KeyError as exc:
             raise search.PlanError(str(exc.args[0])) from None
-    return search.plan(work, facts, margin=args.margin, mfu=args.mfu, top=args.top)
+    return search.plan(work, facts, margin=args.margin, top=args.top)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "workload": plan.workload.name, "system": plan.facts.name, "gpus": plan.facts.gpus,
+            "figures": plan.facts.figures(),
             "best": plan.table.iloc[0].to_dict(), "plans": plan.table.to_dict(orient="records"),
             "rejected": dict(+plan.rejected), "evaluated": plan.evaluated,
             "solve_seconds": round(plan.solve_seconds, 3),
@@ -92,12 +105,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{plan.workload.name} on {plan.facts.gpus} x {plan.facts.gpu} ({plan.facts.name}): "
           f"{plan.evaluated} layouts priced in {plan.solve_seconds:.2f} s; memory limit "
-          f"{plan.facts.gpu_memory_gb:g} GB x {plan.margin:g}, MFU {args.mfu or plan.facts.mfu:g}")
+          f"{plan.facts.gpu_memory_gb:.4g} GB x {plan.margin:g}, MFU {plan.facts.mfu:.3g}")
     print(f"best: {plan.layout.short()}")
     print(f"(rank 1 is the simplest plan within {search.DEFAULT_TOLERANCE:.0%} of the fastest; the rest by objective:"
           " time to train for a benchmark, step time for a fixed GBS)\n")
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 120):
         print(plan.table.to_string(index=False))
+        print("\nfigures the plan rests on:")
+        figures = pd.DataFrame(plan.facts.figures())
+        figures["value"] = figures["value"].map(lambda v: f"{v:g}")
+        print(figures.to_string(index=False))
         print("\nrejected:")
         print(plan.rejected_table().to_string(index=False))
     if plan.workload.writer == "megatron":

@@ -48,7 +48,25 @@ class Memory:
 
 
 def layer_activation_bytes(w: Workload, lay: Layout) -> tuple[float, float]:
-    """(bytes kept per layer per micro-batch, bytes live while that layer is recomputed)."""
+    """(bytes kept per layer per micro-batch, bytes live while that layer is recomputed).
+
+    Korthikanti et al. 2022, per layer, s tokens, b sequences, h hidden, a heads, TP t:
+    with dropout 34sbh + 5as^2b bytes without parallelism; sbh(10 + 24/t) + 5as^2b/t with TP;
+    (34sbh + 5as^2b)/t with TP and sequence parallelism; selective recompute drops the
+    attention-score term (5as^2b, or 2as^2b without dropout); full recompute keeps the layer
+    input, 2sbh (/t with SP), and rebuilds one layer's full set during the backward.
+
+    Dropout is an explicit assumption, `w.training.dropout` (workloads.Training; `mlrepro plan
+    --dropout` for a GPT size). True: Korthikanti's figures as published, which store two hidden
+    dropout masks (1 B per element each: the 34 includes 2sbh of them) and, with the attention
+    scores materialised (flash_attention False), the attention-dropout mask and output (3 of the
+    5as^2b). False (the planner's default, and the Megatron-LM arguments it writes:
+    --attention-dropout 0 --hidden-dropout 0; the benchmarks are planned so too): 32sbh + 2as^2b.
+    The last measured point (GPT-1.3B, MBS 4, scores materialised, one H200: 66.6 GB) is predicted
+    at 67.5 GB without dropout and at 106.9 GB with it: that run stored no dropout masks, and the
+    model matches it only under that assumption (tests/test_plan.py). Flash attention never
+    stores the s x s scores, with or without dropout (it regenerates the mask from the RNG state).
+    """
     m, tr = w.model, w.training
     h, hk, f, t = m.hidden, m.kv_hidden, m.ffn_hidden, lay.tp
     tokens = lay.mbs * m.seq / lay.cp
@@ -103,6 +121,12 @@ def inflight(lay: Layout) -> float:
 
 
 def estimate(w: Workload, lay: Layout) -> Memory:
+    """Peak memory of one GPU of the most loaded pipeline stage (the first: it holds min(PP, GA)
+    micro-batches in flight under 1F1B, more when interleaved; or the last, which adds the logits).
+
+    Activations per layer_activation_bytes, whose dropout assumption is `w.training.dropout`
+    (default False: no dropout masks stored; see that function for the measured point behind it).
+    """
     m, tr = w.model, w.training
     params, trainable = stage_params(w, lay)
     if m.lora_rank:

@@ -51,9 +51,13 @@ def _summary(plan: Plan, template: Path | None) -> list[str]:
     lines = [f"{GENERATED_MARK} for {plan.facts.nodes} x {plan.facts.gpus_per_node} {plan.facts.gpu} "
              f"({plan.facts.name}); NVIDIA published no config for this shape.",
              f"# Layout: {plan.layout.short()}.",
-             f"# Predicted: {row['memory_gb']:.1f} GB of {plan.facts.gpu_memory_gb:g} GB per GPU, "
+             f"# Predicted: {row['memory_gb']:.1f} GB of {plan.facts.gpu_memory_gb:.4g} GB per GPU, "
              f"{row['step_s']:.3f} s per step"
              + (f", {row['steps']} steps to the RCP mean, {row['objective_s'] / 60:.1f} min of training." if row['steps'] else ".")]
+    measured = [f"{f['figure']} {f['value']:g} from {f['source']}" for f in plan.facts.figures()
+                if f["source"].startswith(("preflight", "baseline"))]
+    if measured:
+        lines.append("# Measured: " + "; ".join(measured) + ".")
     if template is not None:
         lines.append(f"# Hyperparameters and system settings from the published {template.name}.")
     return lines

@@ -38,6 +38,30 @@ class PackageError(ValueError):
     """The inputs cannot make a valid package."""
 
 
+def preflight_description(preflight: dict) -> dict:
+    """System description fields measured by preflight (its preflight.json): GPU model, count and
+    memory, software versions. Figures preflight could not take (null, "not applicable") are left out."""
+    summary = preflight.get("summary") or {}
+
+    def known(value) -> bool:
+        return value not in (None, "", "not applicable") and not isinstance(value, (dict, list))
+
+    def positive(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+    out = {}
+    if known(summary.get("gpu_model")):
+        out["accelerator_model_name"] = str(summary["gpu_model"])
+    if positive(summary.get("gpus_per_node")):
+        out["accelerators_per_node"] = str(summary["gpus_per_node"])
+    if positive(summary.get("gpu_memory_gib")):
+        out["accelerator_memory_capacity"] = f"{summary['gpu_memory_gib']:.1f} GiB"
+    versions = {k: v for k, v in (preflight.get("versions") or {}).items() if known(v)}
+    if versions:
+        out["other_software_stack"] = ", ".join(f"{k} {v}" for k, v in versions.items())
+    return out
+
+
 def write_submission_package(out_dir: str | os.PathLike, *, submitter: str, system_name: str, system_desc: dict,
                              benchmark: str, logs: list[str | os.PathLike], ruleset: str = DEFAULT_RULESET,
                              scaling_factor: float | None = None) -> dict:
