@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from mlrepro import config as mlrepro_config
-from mlrepro import package, stages
+from mlrepro import stages
+from mlrepro.scoring import package
 from mlrepro.cli import main
 from mlrepro.plan import hardware, search, workloads
 from test_verdict import NYX, git_repository, shifted
