@@ -16,6 +16,7 @@ known only after the download (`bytes_per_chunk`) cannot be one job per chunk at
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import shlex
@@ -49,7 +50,9 @@ class ArrayPlan:
 
     @property
     def job_name(self) -> str:
-        return f"mlrepro-corpus-{self.corpus}-{self.stage}"
+        # The folder's hash tells apart two checkouts preparing the same corpus on one cluster.
+        where = hashlib.sha1(str(self.folder.resolve()).encode()).hexdigest()[:8]
+        return f"mlrepro-corpus-{self.corpus}-{self.stage}-{where}"
 
     @property
     def script(self) -> Path:

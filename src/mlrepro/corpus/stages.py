@@ -129,6 +129,9 @@ def plan_line(corpus: dict, root: Path, system, stage: str, size: int | None) ->
         return f"{corpus['name']}: {stage}, one task per chunk (the chunk count follows from the download)"
     if system.scheduler == "slurm":
         return array.describe(array_plan(corpus, root, stage, size), Path(root), system.partition, system.account)
+    if stage == "preprocess":
+        return (f"{corpus['name']}: preprocess, {size} chunks one after the other on this machine, "
+                f"{corpus['preprocess']['workers']} workers each")
     return f"{corpus['name']}: {stage}, {size} tasks in parallel on this machine"
 
 
