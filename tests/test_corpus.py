@@ -115,6 +115,22 @@ def test_gigatoken_and_tokenizers_give_transformers_ids(gpt2_files, tmp_path):
         assert np.split(ids, np.cumsum(lengths)[:-1])[5].tolist() == want[5]
         assert [a.tolist() for a in np.split(ids, np.cumsum(lengths)[:-1])] == want
     assert fast.eod == reference.eos_token_id == len(json.loads(vocab.read_text())) - 1
+    assert fast.vocab_size == slow.vocab_size == len(reference)
+
+
+def test_gpt2_backend_is_the_one_transformers_builds(gpt2_files, tmp_path):
+    """mlrepro builds GPT-2's `tokenizers` object itself (no transformers import at start): the same JSON."""
+    from transformers import GPT2Tokenizer
+
+    vocab, merges = gpt2_files
+    ours = json.loads(corpus_tokenizer.gpt2_backend(str(vocab), str(merges)).to_str())
+    assert ours == json.loads(GPT2Tokenizer(vocab=str(vocab), merges=str(merges)).backend_tokenizer.to_str())
+    # Without <|endoftext|> in the vocabulary transformers adds it; mlrepro then uses transformers.
+    words = {k: v for k, v in json.loads(vocab.read_text()).items() if k != corpus_tokenizer.EOD_GPT2}
+    (tmp_path / "v.json").write_text(json.dumps(words))
+    assert corpus_tokenizer.gpt2_backend(str(tmp_path / "v.json"), str(merges)) is None
+    enc = corpus_tokenizer.load("GPT2BPETokenizer", vocab_file=str(tmp_path / "v.json"), merge_file=str(merges))
+    assert enc.eod == GPT2Tokenizer(vocab=str(tmp_path / "v.json"), merges=str(merges)).eos_token_id == len(words)
 
 
 def test_huggingface_tokenizer_json_matches_gpt2_files(gpt2_files, tmp_path):
