@@ -1,7 +1,14 @@
 """jsonl → Megatron .bin/.idx: `mlrepro preprocess` against Megatron-LM's own tools, side by side.
 
     python benchmarks/preprocess.py --megatron /path/to/Megatron-LM [--size-mb 200] [--workers 2]
-    python benchmarks/preprocess.py --memory-gb 2 --skip megatron,fast,floor   # bounded memory on a big input
+    python benchmarks/preprocess.py --big [--memory-gb 2]   # bounded memory on a multi-GB input
+
+--big makes a multi-GB input (the --size-mb corpus repeated) and runs `mlrepro preprocess` on it
+and on the small corpus, and the floor on the big one (Megatron's tools would take an hour
+there): peak RSS per process shows memory does not grow with the input, and the big output is
+checked to be the small one's, repeated (the .bin's sha256 against the small .bin's bytes
+repeated; the index's lengths tiled), the small output being byte-identical to Megatron's
+(the side-by-side run).
 
 Runs on the same jsonl with the same GPT-2-style BPE (vocab.json + merges.txt), each as the
 subprocess a user would type:
@@ -181,11 +188,42 @@ print("FLOOR", time.monotonic() - start, n, len(docs))
 '''
 
 
+def _processing_seconds(log: Path) -> float | None:
+    """The seconds `mlrepro preprocess` reports for reading, tokenizing and writing (after its start-up)."""
+    for line in log.read_text().splitlines():
+        if " done: " in line and " tokens in " in line:
+            return float(line.split(" tokens in ")[1].split(" s ")[0])
+    return None
+
+
+def check_repeated(small: Path, big: Path, out: Path, env: dict, flags: list[str], workers: int, work: Path) -> dict:
+    """mlrepro on the small corpus; the big corpus (the small one repeated) must give its tokens repeated."""
+    big_flags = [small if f == str(big) else f for f in map(str, flags)]
+    cmd = [sys.executable, "-m", "mlrepro", "preprocess", *map(str, big_flags), "--output-prefix", str(out / "small"),
+           "--workers", str(workers)]
+    measured = run_measured(cmd, env=env, log=work / "small.log")
+    repeats, rest = divmod(big.stat().st_size, small.stat().st_size)
+    small_prefix, big_prefix = str(out / "small_text_document"), str(out / "mlrepro_text_document")
+    h = hashlib.sha256()
+    block = Path(f"{small_prefix}.bin").read_bytes()
+    for _ in range(repeats):
+        h.update(block)
+    import numpy as np
+
+    lengths_ok = rest == 0 and np.array_equal(IndexedReader(big_prefix).sequence_lengths,
+                                              np.tile(IndexedReader(small_prefix).sequence_lengths, repeats))
+    big_sha = sha(big_prefix)[0]
+    return {"repeats": repeats, "sha256_bin": big_sha, "small_peak_mb": measured["peak_process_mb"],
+            "identical": lengths_ok and h.hexdigest() == big_sha}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=200)
     parser.add_argument("--memory-gb", type=float, default=0, help="instead: a corpus of this many GB (the "
                         "--size-mb corpus repeated), to show peak memory does not grow with the input")
+    parser.add_argument("--big", action="store_true", help="the bounded-memory run: --memory-gb (default 2) "
+                        "with mlrepro and the floor, output checked against the small corpus's")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--vocab-size", type=int, default=50257)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlrepro-preprocess-bench")
@@ -197,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
+    if args.big:
+        args.memory_gb = args.memory_gb or 2
+        skip |= {"mlrepro-tokenizers", "megatron", "fast"}
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     roots = args.text_root or [Path(sysconfig.get_paths()["stdlib"])] + ([args.megatron] if args.megatron else [])
@@ -205,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = make_corpus(work / f"corpus_{args.size_mb:g}mb_e{args.empty_every}.jsonl", args.size_mb, roots,
                          args.empty_every)
     vocab, merges = make_tokenizer(work / f"gpt2bpe_{args.vocab_size}", corpus, args.vocab_size)
+    small = corpus
     if args.memory_gb:
         big = work / f"corpus_{args.memory_gb:g}gb.jsonl"
         if not big.exists():
@@ -286,6 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     if "floor" in results and "mlrepro" in results:
         print(f"mlrepro wall time / gigatoken floor encode time: "
               f"{results['mlrepro']['seconds'] / results['floor']['encode_seconds']:.2f}x")
+    if "floor" in results and "mlrepro" in results:
+        inside = _processing_seconds(work / "mlrepro.log")
+        if inside:
+            print(f"mlrepro reading+tokenizing+writing time ({inside:.1f} s, its log) / floor encode time: "
+                  f"{inside / results['floor']['encode_seconds']:.2f}x")
+    if args.big and "mlrepro" in results:
+        results["big_check"] = check_repeated(small, corpus, out, env, flags, args.workers, work)
+        print(f"big output = small output repeated {results['big_check']['repeats']}x: "
+              f"{'IDENTICAL' if results['big_check']['identical'] else 'DIFFERS'} "
+              f"(sha256 .bin {results['big_check']['sha256_bin'][:12]}); peak RSS per process: big input "
+              f"{results['mlrepro']['peak_process_mb']:,.0f} MB, small input {results['big_check']['small_peak_mb']:,.0f} MB")
     if args.json:
         args.json.write_text(json.dumps({"input_mb": size_mb, "workers": args.workers, "results": results}, indent=2))
     return 0

@@ -1,7 +1,7 @@
 """jsonl → Megatron indexed dataset, byte-identical to Megatron-LM's tools/preprocess_data.py.
 
 `mlrepro preprocess` takes that tool's flags. The input is cut into slices of whole lines
-(`slice_bytes`, 32 MiB by default); each of --workers parses and tokenizes one slice at a
+(`slice_bytes`, 16 MiB by default); each of --workers parses and tokenizes one slice at a
 time (threads with gigatoken, which encodes without the GIL; forked processes with the
 `tokenizers` fallback) and the slices' tokens are written in input order, at most two slices
 per worker in flight, so memory stays bounded whatever the file's size. Per document: the text of each --json-keys key, its
@@ -34,7 +34,7 @@ from mlrepro.corpus import tokenizer as tokenizers_mod
 
 log = logging.getLogger(__name__)
 
-SLICE_BYTES = 32 << 20
+SLICE_BYTES = 16 << 20
 
 
 class InputError(ValueError):
