@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro.corpus import indexed, minicorpus
+from mlrepro.corpus import indexed, minicorpus, shards
 from workspace import make_workspace, planned_jobs, run_snakemake
 
 MINI = "resources/corpora/mini_corpus"
@@ -49,9 +49,9 @@ def test_invalid_corpus_config_stops_before_any_job(tmp_path):
     assert "config/corpora/mini_corpus.yaml" in out and "concat.files_per_chunk" in out
 
 
-def _run_chain(tmp_path, *args: str) -> tuple:
+def _run_chain(tmp_path, *args: str, ws: Path | None = None) -> tuple:
     """The miniature chain from a local HTTP server (one shard answers 429 first); (workspace, seconds)."""
-    ws = make_workspace(tmp_path / "ws")
+    ws = ws or make_workspace(tmp_path / "ws")
     served = minicorpus.make_mini_corpus(tmp_path / "srv")
     server = minicorpus.serve(served, rate_limited=("/mini/chunk1/part_2.jsonl.zst",))
     try:
@@ -131,3 +131,27 @@ def test_mini_corpus_chain_on_the_local_slurm_cluster(tmp_path, slurm_cluster):
         assert all((logs / f"{stage}_task_{i}.log").is_file() for i in range(3))
     assert "HTTP 429" in "".join((logs / f"download_task_{i}.log").read_text() for i in range(3))
     assert "task 1 of 3" in (logs / "download_task_1.log").read_text()  # RANK=1, WORLD_SIZE=3
+
+
+@pytest.mark.slow
+def test_mini_corpus_chain_with_bytes_per_chunk(tmp_path):
+    """Chunks bounded by bytes: planned once the download is verified; a lost chunk comes back byte-identical."""
+    ws = make_workspace(tmp_path / "ws")
+    config = ws / "config" / "corpora" / "mini_corpus.yaml"
+    # About two compressed shards per chunk (each is 9-10 kB): the count follows from the sizes.
+    config.write_text(config.read_text().replace("files_per_chunk: 4", "bytes_per_chunk: 20000"))
+    ws, _ = _run_chain(tmp_path, "--cores", "2", "--config", "corpora=[mini_corpus]", ws=ws)
+    base = ws / MINI
+    record = json.loads((base / "download.json").read_text())
+    sizes = [s["size"] for s in record["shards"]]
+    chunks = [range(a, b) for a, b in record["chunks"]]
+    assert chunks == shards.groups_by_bytes(sizes, 20000) and len(chunks) > 3
+    assert json.loads((base / "preprocessed.json").read_text())["prefixes"] == [
+        f"{MINI}/preprocessed/train_chunk_{g}_text_document" for g in range(len(chunks))]
+    lines = sum(len((base / f"concat/train_chunk_{g}.jsonl").read_text().splitlines()) for g in range(len(chunks)))
+    assert lines == 9 * 150
+    before = (base / "concat/train_chunk_1.jsonl").read_bytes()
+    (base / "concat/train_chunk_1.jsonl").unlink()
+    run_snakemake(ws, "--cores", "2", "--config", "corpora=[mini_corpus]", "--", f"{MINI}/concat/train_chunk_1.jsonl",
+                  timeout=300)
+    assert (base / "concat/train_chunk_1.jsonl").read_bytes() == before

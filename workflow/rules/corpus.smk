@@ -15,24 +15,13 @@ wildcard_constraints:
     group=r"\d+",
 
 
-def corpus_groups(wc):
-    """The corpus's chunk count: from the config (files_per_chunk), else from the verified download."""
-    corpus = SETTINGS.corpora[wc.corpus]
-    n = corpus_stages.num_groups(corpus, workflow.basedir)
-    return n if n is not None else corpus_stages.recorded_groups(checkpoints.corpus_downloaded.get(**wc).output[0])
-
-
-def corpus_plan(stage, size):
-    return lambda wc: corpus_stages.plan_line(SETTINGS.corpora[wc.corpus], workflow.basedir, SYSTEM, stage, size(wc))
-
-
 rule corpus_download:
     output:
         f"{CORPUS}/download/tasks.json",
     log:
         "logs/corpora/{corpus}/download.log",
     params:
-        plan=corpus_plan("download", lambda wc: SETTINGS.corpora[wc.corpus]["download"]["array_tasks"]),
+        plan=lambda wc: corpus_stages.plan_line(SETTINGS.corpora[wc.corpus], workflow.basedir, SYSTEM, "download"),
     message:
         "{params.plan}"
     localrule: True
@@ -90,14 +79,16 @@ rule corpus_tokenizer:
 
 rule corpus_preprocess:
     input:
-        jsonl=lambda wc: corpus_stages.preprocess_inputs(SETTINGS.corpora[wc.corpus], workflow.basedir, corpus_groups(wc)),
+        # With bytes_per_chunk the chunk count is known once the download is verified (a checkpoint).
+        jsonl=lambda wc: corpus_stages.preprocess_inputs(SETTINGS.corpora[wc.corpus], workflow.basedir,
+                                                         lambda: checkpoints.corpus_downloaded.get(**wc).output[0]),
         tokenizer=f"{CORPUS}/tokenizer/fetched.json",
     output:
         f"{CORPUS}/preprocessed.json",
     log:
         "logs/corpora/{corpus}/preprocess.log",
     params:
-        plan=corpus_plan("preprocess", corpus_groups),
+        plan=lambda wc: corpus_stages.plan_line(SETTINGS.corpora[wc.corpus], workflow.basedir, SYSTEM, "preprocess"),
     message:
         "{params.plan}"
     threads: lambda wc: SETTINGS.corpora[wc.corpus]["preprocess"]["workers"]

@@ -58,8 +58,13 @@ def chunk_plan(corpus: dict, sizes: list[int | None]) -> list[range]:
     return shards.groups_by_bytes(sizes, corpus["concat"]["bytes_per_chunk"])
 
 
-def recorded_groups(downloaded: Path) -> int:
-    return len(json.loads(Path(downloaded).read_text())["chunks"])
+def chunk_count(corpus: dict, root: Path, downloaded=None) -> int | None:
+    """The chunk count: from the config (files_per_chunk), else from download.json, whose path
+    `downloaded()` gives (in the workflow: the checkpoint's output, once it has run)."""
+    n = num_groups(corpus, root)
+    if n is not None or downloaded is None:
+        return n
+    return len(json.loads(Path(downloaded()).read_text())["chunks"])
 
 
 def _base(corpus: dict) -> str:
@@ -71,9 +76,10 @@ def chunk_prefixes(corpus: dict, n_groups: int) -> list[str]:
             for g in range(n_groups) for key in corpus["json_keys"]]
 
 
-def preprocess_inputs(corpus: dict, root: Path, n_groups: int) -> list[str]:
+def preprocess_inputs(corpus: dict, root: Path, downloaded=None) -> list[str]:
     """The concatenated chunks; and, when a chunk's .bin/.idx went missing after the stage ran, the
     folder it was deleted from (newer than preprocessed.json, so the stage reruns, for that chunk alone)."""
+    n_groups = chunk_count(corpus, root, downloaded)
     inputs = [f"{_base(corpus)}/concat/train_chunk_{g}.jsonl" for g in range(n_groups)]
     if (Path(root) / f"{_base(corpus)}/preprocessed.json").exists() and not all(
             (Path(root) / f"{p}{s}").exists() for p in chunk_prefixes(corpus, n_groups) for s in (".bin", ".idx")):
@@ -123,8 +129,9 @@ def array_plan(corpus: dict, root: Path, stage: str, size: int) -> array.ArrayPl
     return array.ArrayPlan(corpus["name"], stage, size, folder(root, corpus["name"]), cpus=workers, mem_mb=mem)
 
 
-def plan_line(corpus: dict, root: Path, system, stage: str, size: int | None) -> str:
+def plan_line(corpus: dict, root: Path, system, stage: str) -> str:
     """What `snakemake -n` says the stage will do: the array's sbatch line on Slurm."""
+    size = corpus["download"]["array_tasks"] if stage == "download" else chunk_count(corpus, root)
     if size is None:
         return f"{corpus['name']}: {stage}, one task per chunk (the chunk count follows from the download)"
     if system.scheduler == "slurm":
