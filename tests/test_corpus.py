@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -467,3 +468,28 @@ def test_array_indices_script_and_local_tasks(tmp_path):
         array.run_local(plan, [0, 1, 2], flaky, parallel=3)
     with pytest.raises(array.ArrayError, match=r"task\(s\) 2 of 16.*download_task_2.log"):
         array._check(plan, tmp_path, [1, 2], lambda i: i == 1, "42", "")
+
+
+def test_stage_tasks_already_done_are_not_run_again(tmp_path):
+    """Resumable per task: a download share reported under the same WORLD_SIZE, a chunk whose pair is
+    newer than the chunk. Anything else runs (here: locally, as without Slurm)."""
+    corpus = {"name": "c", "json_keys": ["text"], "download": {"array_tasks": 3}, "preprocess": {"workers": 1}}
+    base = tmp_path / "resources/corpora/c"
+    (base / "download").mkdir(parents=True)
+    (base / "download/task_0.json").write_text(json.dumps({"world": 3, "files": {}, "missing": []}))
+    (base / "download/task_1.json").write_text(json.dumps({"world": 4, "files": {}, "missing": []}))
+    ran = []
+    stages._run_tasks(corpus, tmp_path, None, "download", 3, lambda r: stages._task_done(corpus, tmp_path, r),
+                      ran.append, parallel=3)
+    assert sorted(ran) == [1, 2]
+    (base / "concat").mkdir()
+    (base / "preprocessed").mkdir()
+    for g in (0, 1):
+        (base / f"concat/train_chunk_{g}.jsonl").write_text("{}\n")
+        for s in (".bin", ".idx"):
+            (base / f"preprocessed/train_chunk_{g}_text_document{s}").write_bytes(b"")
+    os.utime(base / "concat/train_chunk_1.jsonl", (time.time() + 5, time.time() + 5))  # concatenated again
+    ran.clear()
+    stages._run_tasks(corpus, tmp_path, None, "preprocess", 3, lambda g: stages._chunk_done(corpus, tmp_path, g),
+                      ran.append, parallel=1)
+    assert ran == [1, 2]

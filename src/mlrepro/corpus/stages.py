@@ -117,9 +117,21 @@ def task_report(corpus: dict, root: Path, rank: int) -> Path:
     return folder(root, corpus["name"]) / "download" / f"task_{rank}.json"
 
 
+def _task_done(corpus: dict, root: Path, rank: int) -> bool:
+    """A report of this rank under the same WORLD_SIZE (another split gives other shares)."""
+    try:
+        return json.loads(task_report(corpus, root, rank).read_text())["world"] == corpus["download"]["array_tasks"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def _chunk_done(corpus: dict, root: Path, g: int) -> bool:
-    return all((Path(root) / f"{_base(corpus)}/preprocessed/train_chunk_{g}_{key}_document{s}").exists()
-               for key in corpus["json_keys"] for s in (".bin", ".idx"))
+    """Chunk g's pairs are there and newer than the chunk (a chunk concatenated again is tokenized again)."""
+    jsonl = Path(root) / f"{_base(corpus)}/concat/train_chunk_{g}.jsonl"
+    made = jsonl.stat().st_mtime if jsonl.exists() else 0
+    outputs = [Path(root) / f"{_base(corpus)}/preprocessed/train_chunk_{g}_{key}_document{s}"
+               for key in corpus["json_keys"] for s in (".bin", ".idx")]
+    return all(p.exists() and p.stat().st_mtime >= made for p in outputs)
 
 
 def array_plan(corpus: dict, root: Path, stage: str, size: int) -> array.ArrayPlan:
@@ -155,7 +167,7 @@ def _run_tasks(corpus: dict, root: Path, system, stage: str, size: int, done, ta
 def download_stage(corpus: dict, root: Path, out: Path, system=None) -> None:
     """Every RANK/WORLD_SIZE share (one array task each on Slurm); tasks.json gathers their reports."""
     world = corpus["download"]["array_tasks"]
-    _run_tasks(corpus, root, system, "download", world, lambda r: task_report(corpus, root, r).exists(),
+    _run_tasks(corpus, root, system, "download", world, lambda r: _task_done(corpus, root, r),
                lambda r: download_task(corpus, root, r), parallel=world)
     reports = [json.loads(task_report(corpus, root, r).read_text()) for r in range(world)]
     atomic_write_json(out, {"world": world, "reports": reports})
