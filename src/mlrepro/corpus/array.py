@@ -8,9 +8,13 @@ rerun after a failed or cancelled task redoes that task alone. When sbatch retur
 submitted index must have its output; the ones that do not are named with their logs.
 Without Slurm the same tasks run in threads on this machine.
 
-Why not the executor plugin's own array mode (`--slurm-array-jobs`): its array index maps to a
-Snakemake job, not to the seed's RANK, it cannot be seen in `snakemake -n`, and a chunk count
-known only after the download (`bytes_per_chunk`) cannot be one job per chunk at plan time.
+If the workflow died while an array ran (Slurm keeps running it), the rerun first waits for that
+array's live tasks, found by the job name, so that no chunk ever has two writers.
+
+Why not the executor plugin's own array mode (`--slurm-array-jobs`, in the pinned 2.8.0): its
+array index picks a Snakemake job, not the seed's RANK (1-based, WORLD_SIZE unknown to the task),
+every task then starts a whole Snakemake (parsing the workflow) for a few lines of work, the
+plan (`snakemake -n`) shows no array, and the plugin cancels its jobs when Snakemake dies.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import logging
 import shlex
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +113,15 @@ def write_script(plan: ArrayPlan, corpus: dict, root: Path) -> None:
         "",
     ]))
     plan.script.chmod(0o700)
+
+
+def wait_for_earlier(plan: ArrayPlan, status_command: str = "sacct", poll_seconds: float = 5.0) -> None:
+    """Wait while an array of this stage from an earlier run is still queued or running."""
+    from mlrepro import slurm
+
+    while live := [j.job_id for j in slurm.find_jobs(plan.job_name, status_command=status_command) if not j.terminal]:
+        log.info("an earlier %s array is still in Slurm (%s); waiting for it", plan.stage, ", ".join(live[:5]))
+        time.sleep(poll_seconds)
 
 
 def run_slurm(plan: ArrayPlan, corpus: dict, root: Path, indices: list[int], done: Callable[[int], bool],

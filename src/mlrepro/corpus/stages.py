@@ -156,9 +156,12 @@ def plan_line(corpus: dict, root: Path, system, stage: str) -> str:
 
 def _run_tasks(corpus: dict, root: Path, system, stage: str, size: int, done, task, parallel: int) -> None:
     plan = array_plan(corpus, root, stage, size)
+    slurm = system is not None and system.scheduler == "slurm"
+    if slurm:
+        array.wait_for_earlier(plan, system.slurm_status_command, system.slurm_poll_seconds)
     todo = [i for i in range(size) if not done(i)]
     log.info("%s %s: %d of %d tasks to run", corpus["name"], stage, len(todo), size)
-    if system is not None and system.scheduler == "slurm":
+    if slurm:
         array.run_slurm(plan, corpus, Path(root), todo, done, system.partition, system.account)
     else:
         array.run_local(plan, todo, task, parallel)
