@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlrepro.corpus import indexed, minicorpus, shards
-from workspace import make_workspace, planned_jobs, run_snakemake
+from workspace import make_workspace, planned_jobs, run_snakemake, wait_for
 
 MINI = "resources/corpora/mini_corpus"
 
@@ -109,12 +109,18 @@ def test_mini_corpus_chain_from_a_local_server(tmp_path):
     assert (base / "preprocessed/train_chunk_0_text_document.bin").stat().st_mtime_ns == kept
 
 
-def _array_tasks(log: Path) -> tuple[str, list[tuple[str, str]]]:
-    """The Slurm array job a stage's log names, and (task id, state) of each of its tasks from sacct."""
+def _array_tasks(log: Path, n: int) -> tuple[str, list[tuple[str, str]]]:
+    """The Slurm array job a stage's log names, and (task id, state) of each of its tasks from sacct
+    (accounting can lag a few seconds behind the job's end: it is asked until it lists `n` tasks)."""
     job_id = re.search(r"Slurm array job (\d+) ended", log.read_text()).group(1)
-    rows = subprocess.run(["sacct", "-X", "-P", "-n", "-j", job_id, "-o", "JobID,State"], capture_output=True,
-                          text=True, timeout=60, check=True).stdout.split()
-    return job_id, sorted(tuple(r.split("|")) for r in rows)
+
+    def rows():
+        out = subprocess.run(["sacct", "-X", "-P", "-n", "-j", job_id, "-o", "JobID,State"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout.split()
+        got = sorted(tuple(r.split("|")) for r in out)
+        return got if len(got) == n and all("_" in t for t, _ in got) else None
+
+    return job_id, wait_for(rows, 60, f"sacct to list the {n} tasks of array job {job_id}")
 
 
 @pytest.mark.slow
@@ -125,7 +131,7 @@ def test_mini_corpus_chain_on_the_local_slurm_cluster(tmp_path, slurm_cluster):
     _check_chain(ws)
     logs = ws / "logs/corpora/mini_corpus"
     for stage in ("download", "preprocess"):
-        job_id, tasks = _array_tasks(logs / f"{stage}.log")
+        job_id, tasks = _array_tasks(logs / f"{stage}.log", 3)
         # ONE array job per stage, one task per RANK (download) or chunk (preprocess), all done.
         assert tasks == [(f"{job_id}_{i}", "COMPLETED") for i in range(3)], tasks
         assert all((logs / f"{stage}_task_{i}.log").is_file() for i in range(3))
