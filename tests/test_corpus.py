@@ -493,3 +493,22 @@ def test_stage_tasks_already_done_are_not_run_again(tmp_path):
     stages._run_tasks(corpus, tmp_path, None, "preprocess", 3, lambda g: stages._chunk_done(corpus, tmp_path, g),
                       ran.append, parallel=1)
     assert ran == [1, 2]
+
+
+def test_hub_source_in_the_schema(tmp_path):
+    (tmp_path / "config" / "corpora").mkdir(parents=True)
+    (tmp_path / "workflow").symlink_to(REPO / "workflow")
+    tok = {"type": "GPT2BPETokenizer", "vocab_file": "v", "merge_file": "m"}
+    hub = {"hub": {"repo": "cerebras/SlimPajama-627B"}, "path": "train/chunk{chunk}/example_train_{shard}.jsonl.zst",
+           "ranges": {"chunk": [1, 1], "shard": [0, 9]}, "token_env": "HF_TOKEN"}
+    for name, source, ok in (("good", hub, True), ("also_urls", {**hub, "urls": ["http://x/a"]}, False),
+                             ("no_path", {"hub": hub["hub"]}, False), ("bad_repo", {**hub, "hub": {"repo": "x"}}, False)):
+        (tmp_path / "config" / "corpora" / f"{name}.yaml").write_text(json.dumps({"name": name, "source": source,
+                                                                                 "tokenizer": tok}))
+        if ok:
+            loaded = mlrepro_config.load_corpus(tmp_path, name)
+            assert loaded["source"]["hub"]["repo_type"] == "dataset"
+            assert len(shards.expand(loaded["source"])) == 10
+        else:
+            with pytest.raises(mlrepro_config.ConfigError, match=rf"(?s){name}.yaml.*source"):
+                mlrepro_config.load_corpus(tmp_path, name)
