@@ -92,6 +92,9 @@ rule corpus_preprocess:
     message:
         "{params.plan}"
     threads: lambda wc: SETTINGS.corpora[wc.corpus]["preprocess"]["workers"]
+    resources:
+        # Here (no Slurm): the chunks' workers; each holds a few 16 MiB slices and their tokens.
+        mem_mb=lambda wc, threads: 1024 * (threads + 1),
     localrule: True
     script:
         "../scripts/corpus.py"
