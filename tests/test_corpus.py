@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,12 @@ import pytest
 import zstandard
 
 from mlrepro import config as mlrepro_config
-from mlrepro.corpus import blend, concat, extract, indexed, minicorpus, preprocess, shards
+from mlrepro import data
+from mlrepro.corpus import array, blend, concat, extract, indexed, minicorpus, preprocess, shards, stages
 from mlrepro.corpus import tokenizer as corpus_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +116,22 @@ def test_gigatoken_and_tokenizers_give_transformers_ids(gpt2_files, tmp_path):
         assert np.split(ids, np.cumsum(lengths)[:-1])[5].tolist() == want[5]
         assert [a.tolist() for a in np.split(ids, np.cumsum(lengths)[:-1])] == want
     assert fast.eod == reference.eos_token_id == len(json.loads(vocab.read_text())) - 1
+    assert fast.vocab_size == slow.vocab_size == len(reference)
+
+
+def test_gpt2_backend_is_the_one_transformers_builds(gpt2_files, tmp_path):
+    """mlrepro builds GPT-2's `tokenizers` object itself (no transformers import at start): the same JSON."""
+    from transformers import GPT2Tokenizer
+
+    vocab, merges = gpt2_files
+    ours = json.loads(corpus_tokenizer.gpt2_backend(str(vocab), str(merges)).to_str())
+    assert ours == json.loads(GPT2Tokenizer(vocab=str(vocab), merges=str(merges)).backend_tokenizer.to_str())
+    # Without <|endoftext|> in the vocabulary transformers adds it; mlrepro then uses transformers.
+    words = {k: v for k, v in json.loads(vocab.read_text()).items() if k != corpus_tokenizer.EOD_GPT2}
+    (tmp_path / "v.json").write_text(json.dumps(words))
+    assert corpus_tokenizer.gpt2_backend(str(tmp_path / "v.json"), str(merges)) is None
+    enc = corpus_tokenizer.load("GPT2BPETokenizer", vocab_file=str(tmp_path / "v.json"), merge_file=str(merges))
+    assert enc.eod == GPT2Tokenizer(vocab=str(tmp_path / "v.json"), merges=str(merges)).eos_token_id == len(words)
 
 
 def test_huggingface_tokenizer_json_matches_gpt2_files(gpt2_files, tmp_path):
@@ -345,3 +364,151 @@ def test_a_shard_already_extracted_is_not_downloaded_again(tmp_path):
                                    already=lambda s: s.name == "a.jsonl.zst")
     assert report["files"] == {"a.jsonl.zst": 0} and report["missing"] == []
     assert shards.verify(gone, [report], tmp_path / "v.json")["num_files"] == 1
+
+
+# --- bytes_per_chunk -------------------------------------------------------------------------
+
+def test_bytes_per_chunk_groups_by_size_in_a_stable_order(tmp_path):
+    sizes = [40, 30, None, 50, 200, 10, 10, 10]
+    plan = shards.groups_by_bytes(sizes, 100)
+    # 40+30 (+hole) fits, +50 would not; 200 is alone; the tail fits.
+    assert plan == [range(0, 3), range(3, 4), range(4, 5), range(5, 8)]
+    assert shards.groups_by_bytes(sizes, 100) == plan
+    assert sum(len(r) for r in plan) == len(sizes)
+    assert all(sum(sizes[p] or 0 for p in r) <= 100 or len([p for p in r if sizes[p]]) == 1 for r in plan)
+    # Through the stages: the plan is kept in download.json and the chunks come out byte-identical.
+    files = []
+    for i, n in enumerate((3, 2, 5, 1)):
+        f = tmp_path / "src" / f"s{i}.jsonl"
+        minicorpus.write_jsonl(f, minicorpus.documents(n, seed=i))
+        files.append(f)
+    corpus = {"name": "b", "concat": {"bytes_per_chunk": files[0].stat().st_size + files[1].stat().st_size}}
+    chunks = stages.chunk_plan(corpus, [f.stat().st_size for f in files])
+    assert chunks[0] == range(0, 2) and sum(len(c) for c in chunks) == 4
+    outs = []
+    for attempt in range(2):
+        out = tmp_path / f"c{attempt}.jsonl"
+        concat.concatenate([files[p] for p in chunks[0]], out)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] == files[0].read_bytes() + files[1].read_bytes()
+
+
+def test_concat_takes_exactly_one_size_bound(tmp_path):
+    (tmp_path / "config" / "corpora").mkdir(parents=True)
+    (tmp_path / "workflow").symlink_to(REPO / "workflow")
+    base = {"source": {"urls": ["http://x/a.jsonl"]},
+            "tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v", "merge_file": "m"}}
+    for name, concat_cfg, ok in (("both", {"files_per_chunk": 2, "bytes_per_chunk": 10}, False),
+                                 ("neither", {}, False), ("bytes", {"bytes_per_chunk": 10}, True),
+                                 ("absent", None, True)):
+        cfg = {"name": name, **base, **({"concat": concat_cfg} if concat_cfg is not None else {})}
+        (tmp_path / "config" / "corpora" / f"{name}.yaml").write_text(json.dumps(cfg))
+        if ok:
+            loaded = mlrepro_config.load_corpus(tmp_path, name)["concat"]
+            assert loaded == (concat_cfg or {"files_per_chunk": 800})
+        else:
+            with pytest.raises(mlrepro_config.ConfigError, match=rf"(?s){name}.yaml.*concat"):
+                mlrepro_config.load_corpus(tmp_path, name)
+
+
+# --- a Hub repository as the source ----------------------------------------------------------
+
+def test_hub_repository_source_with_a_token_by_name(tmp_path, monkeypatch):
+    from fixtures.http_server import LocalHTTPServer
+
+    token = "hf_corpusTEST_9c1e7d"
+    monkeypatch.setenv("HF_TOKEN", token)
+    cctx = zstandard.ZstdCompressor()
+    files = {f"train/chunk1/example_train_{i}.jsonl.zst": cctx.compress(b'{"text": "%d"}\n' % i) for i in (0, 1, 3)}
+    source = {"hub": {"repo": "org/corpus", "repo_type": "dataset"}, "path": "train/chunk{chunk}/example_train_{shard}.jsonl.zst",
+              "name": "c{chunk}_s{shard}.jsonl.zst", "ranges": {"chunk": [1, 1], "shard": [0, 3]}, "token_env": "HF_TOKEN"}
+    all_shards = shards.expand(source)
+    assert [s.hub_path for s in all_shards][1] == "train/chunk1/example_train_1.jsonl.zst"
+    with LocalHTTPServer(require_token=token) as srv:
+        srv.add_hub_repo("org/corpus", files, repo_type="dataset")
+        hub = {**source["hub"], "endpoint": srv.url("")}
+        reports = [shards.download_share(all_shards, r, 2, tmp_path / "dl", tmp_path / f"t{r}.json", workers=2,
+                                         token_env="HF_TOKEN", hub=hub) for r in (0, 1)]
+        assert all(r.headers.get("authorization") == f"Bearer {token}" for r in srv.requests)
+        asked = len(srv.requests)
+        shards.download_share(all_shards, 0, 2, tmp_path / "dl", tmp_path / "t0.json", token_env="HF_TOKEN", hub=hub)
+        assert len(srv.requests) == asked  # complete shards: no request at all
+        monkeypatch.delenv("HF_TOKEN")
+        with pytest.raises(data.MissingTokenError, match="HF_TOKEN"):
+            shards.download_share(all_shards, 1, 2, tmp_path / "dl2", tmp_path / "t.json", token_env="HF_TOKEN", hub=hub)
+    assert reports[1]["missing"] == ["c1_s2.jsonl.zst"]
+    assert (tmp_path / "dl" / "c1_s3.jsonl.zst").read_bytes() == files["train/chunk1/example_train_3.jsonl.zst"]
+    record = shards.verify(all_shards, reports, tmp_path / "v.json", expected_files=3)
+    assert record["num_files"] == 3
+    written = "\n".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.json"))
+    assert token not in written
+
+
+# --- the array of tasks ----------------------------------------------------------------------
+
+def test_array_indices_script_and_local_tasks(tmp_path):
+    assert array.indices_text([0, 1, 2, 3]) == "0-3" and array.indices_text([7, 3, 8, 9, 12]) == "3,7-9,12"
+    plan = array.ArrayPlan("c", "download", 16, tmp_path / "c", cpus=1)
+    line = array.sbatch_line(plan, [3, 7], tmp_path, "debug", None)
+    assert "--array=3,7" in line and "--wait" in line and "--partition=debug" in line
+    assert line[-1] == str(plan.script)
+    array.write_script(plan, {"name": "c"}, tmp_path)
+    script = plan.script.read_text()
+    assert "RANK=$SLURM_ARRAY_TASK_ID WORLD_SIZE=16" in script and "-m mlrepro.corpus.array download" in script
+    assert json.loads(plan.spec.read_text()) == {"name": "c"}
+    ran = []
+    array.run_local(plan, [0, 2], ran.append, parallel=2)
+    assert sorted(ran) == [0, 2]
+
+    def flaky(i):
+        if i == 1:
+            raise RuntimeError("boom")
+
+    with pytest.raises(array.ArrayError, match="task 1: boom"):
+        array.run_local(plan, [0, 1, 2], flaky, parallel=3)
+    with pytest.raises(array.ArrayError, match=r"task\(s\) 2 of 16.*download_task_2.log"):
+        array._check(plan, tmp_path, [1, 2], lambda i: i == 1, "42", "")
+
+
+def test_stage_tasks_already_done_are_not_run_again(tmp_path):
+    """Resumable per task: a download share reported under the same WORLD_SIZE, a chunk whose pair is
+    newer than the chunk. Anything else runs (here: locally, as without Slurm)."""
+    corpus = {"name": "c", "json_keys": ["text"], "download": {"array_tasks": 3}, "preprocess": {"workers": 1}}
+    base = tmp_path / "resources/corpora/c"
+    (base / "download").mkdir(parents=True)
+    (base / "download/task_0.json").write_text(json.dumps({"world": 3, "files": {}, "missing": []}))
+    (base / "download/task_1.json").write_text(json.dumps({"world": 4, "files": {}, "missing": []}))
+    ran = []
+    stages._run_tasks(corpus, tmp_path, None, "download", 3, lambda r: stages._task_done(corpus, tmp_path, r),
+                      ran.append, parallel=3)
+    assert sorted(ran) == [1, 2]
+    (base / "concat").mkdir()
+    (base / "preprocessed").mkdir()
+    for g in (0, 1):
+        (base / f"concat/train_chunk_{g}.jsonl").write_text("{}\n")
+        for s in (".bin", ".idx"):
+            (base / f"preprocessed/train_chunk_{g}_text_document{s}").write_bytes(b"")
+    os.utime(base / "concat/train_chunk_1.jsonl", (time.time() + 5, time.time() + 5))  # concatenated again
+    ran.clear()
+    stages._run_tasks(corpus, tmp_path, None, "preprocess", 3, lambda g: stages._chunk_done(corpus, tmp_path, g),
+                      ran.append, parallel=1)
+    assert ran == [1, 2]
+
+
+def test_hub_source_in_the_schema(tmp_path):
+    (tmp_path / "config" / "corpora").mkdir(parents=True)
+    (tmp_path / "workflow").symlink_to(REPO / "workflow")
+    tok = {"type": "GPT2BPETokenizer", "vocab_file": "v", "merge_file": "m"}
+    hub = {"hub": {"repo": "cerebras/SlimPajama-627B"}, "path": "train/chunk{chunk}/example_train_{shard}.jsonl.zst",
+           "ranges": {"chunk": [1, 1], "shard": [0, 9]}, "token_env": "HF_TOKEN"}
+    for name, source, ok in (("good", hub, True), ("also_urls", {**hub, "urls": ["http://x/a"]}, False),
+                             ("no_path", {"hub": hub["hub"]}, False), ("bad_repo", {**hub, "hub": {"repo": "x"}}, False)):
+        (tmp_path / "config" / "corpora" / f"{name}.yaml").write_text(json.dumps({"name": name, "source": source,
+                                                                                 "tokenizer": tok}))
+        if ok:
+            loaded = mlrepro_config.load_corpus(tmp_path, name)
+            assert loaded["source"]["hub"]["repo_type"] == "dataset"
+            assert len(shards.expand(loaded["source"])) == 10
+        else:
+            with pytest.raises(mlrepro_config.ConfigError, match=rf"(?s){name}.yaml.*source"):
+                mlrepro_config.load_corpus(tmp_path, name)

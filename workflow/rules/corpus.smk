@@ -1,7 +1,9 @@
 # Pretraining corpora (config/corpora/<name>.yaml, listed under `corpora:` in config.yaml or named by
-# a benchmark's `corpus:`): download tasks → verified download → per chunk: extract → concatenate →
-# preprocess → the blend. One job per download task and per chunk, so a cluster runs them as many
-# independent array-like jobs and a rerun redoes only the missing ones. Logic: mlrepro.corpus.
+# a benchmark's `corpus:`): download → verified download (the chunk plan) → per chunk: extract →
+# concatenate → preprocess → the blend. Download and preprocess are one job each whose tasks
+# (RANK/WORLD_SIZE shares; chunks) are ONE Slurm job array on a Slurm system (the job submits it
+# and waits: it takes no CPU) or parallel work here; a task whose output is there is not rerun.
+# Logic: mlrepro.corpus.
 from mlrepro.corpus import stages as corpus_stages
 
 
@@ -10,24 +12,26 @@ CORPUS = "resources/corpora/{corpus}"
 
 wildcard_constraints:
     corpus="|".join(SETTINGS.corpora) or "(?!x)x",
-    rank=r"\d+",
     group=r"\d+",
 
 
 rule corpus_download:
     output:
-        f"{CORPUS}/download/task_{{rank}}.json",
+        f"{CORPUS}/download/tasks.json",
     log:
-        "logs/corpora/{corpus}/download_{rank}.log",
-    resources:
-        **slurm_resources(),
+        "logs/corpora/{corpus}/download.log",
+    params:
+        plan=lambda wc: corpus_stages.plan_line(SETTINGS.corpora[wc.corpus], workflow.basedir, SYSTEM, "download"),
+    message:
+        "{params.plan}"
+    localrule: True
     script:
         "../scripts/corpus.py"
 
 
-rule corpus_downloaded:
+checkpoint corpus_downloaded:
     input:
-        lambda wc: corpus_stages.download_reports(SETTINGS.corpora[wc.corpus]),
+        f"{CORPUS}/download/tasks.json",
     output:
         f"{CORPUS}/download.json",
     log:
@@ -75,25 +79,30 @@ rule corpus_tokenizer:
 
 rule corpus_preprocess:
     input:
-        jsonl=f"{CORPUS}/concat/train_chunk_{{group}}.jsonl",
+        # With bytes_per_chunk the chunk count is known once the download is verified (a checkpoint).
+        jsonl=lambda wc: corpus_stages.preprocess_inputs(SETTINGS.corpora[wc.corpus], workflow.basedir,
+                                                         lambda: checkpoints.corpus_downloaded.get(**wc).output[0]),
         tokenizer=f"{CORPUS}/tokenizer/fetched.json",
     output:
-        bin=f"{CORPUS}/preprocessed/train_chunk_{{group}}_{{key}}_document.bin",
-        idx=f"{CORPUS}/preprocessed/train_chunk_{{group}}_{{key}}_document.idx",
+        f"{CORPUS}/preprocessed.json",
     log:
-        "logs/corpora/{corpus}/preprocess_{group}_{key}.log",
+        "logs/corpora/{corpus}/preprocess.log",
+    params:
+        plan=lambda wc: corpus_stages.plan_line(SETTINGS.corpora[wc.corpus], workflow.basedir, SYSTEM, "preprocess"),
+    message:
+        "{params.plan}"
     threads: lambda wc: SETTINGS.corpora[wc.corpus]["preprocess"]["workers"]
     resources:
-        # Each worker holds a few 32 MiB slices and their tokens, whatever the chunk's size.
+        # Here (no Slurm): the chunks' workers; each holds a few 16 MiB slices and their tokens.
         mem_mb=lambda wc, threads: 1024 * (threads + 1),
-        **slurm_resources(),
+    localrule: True
     script:
         "../scripts/corpus.py"
 
 
 rule corpus_blend:
     input:
-        lambda wc: corpus_stages.datasets(SETTINGS.corpora[wc.corpus], workflow.basedir),
+        f"{CORPUS}/preprocessed.json",
     output:
         f"{CORPUS}/data_prefix.json",
     log:

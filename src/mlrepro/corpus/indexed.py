@@ -57,10 +57,14 @@ class IndexedWriter:
         lengths = np.asarray(lengths, dtype=np.int64)
         if int(lengths.sum()) != len(tokens):
             raise ValueError(f"lengths sum to {int(lengths.sum())} but {len(tokens)} tokens were given")
+        tokens = np.asarray(tokens)
         if len(tokens):
-            if np.issubdtype(np.asarray(tokens).dtype, np.integer) and int(np.max(tokens)) > np.iinfo(self.dtype).max:
-                raise ValueError(f"token id {int(np.max(tokens))} does not fit {np.dtype(self.dtype).name}")
-            self._bin.write(np.asarray(tokens, dtype=self.dtype).tobytes(order="C"))
+            if tokens.dtype != self.dtype:
+                if np.issubdtype(tokens.dtype, np.integer) and int(np.max(tokens)) > np.iinfo(self.dtype).max:
+                    raise ValueError(f"token id {int(np.max(tokens))} does not fit {np.dtype(self.dtype).name}")
+                tokens = tokens.astype(self.dtype)
+            # One write of the array's own buffer (no bytes copy); ids are native little-endian.
+            self._bin.write(np.ascontiguousarray(tokens).data)
         self._lengths.append(lengths.astype(np.int32))
         self.tokens += len(tokens)
         self.documents += len(lengths)

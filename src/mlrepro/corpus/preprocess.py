@@ -1,7 +1,7 @@
 """jsonl → Megatron indexed dataset, byte-identical to Megatron-LM's tools/preprocess_data.py.
 
 `mlrepro preprocess` takes that tool's flags. The input is cut into slices of whole lines
-(`slice_bytes`, 32 MiB by default); each of --workers parses and tokenizes one slice at a
+(`slice_bytes`, 16 MiB by default); each of --workers parses and tokenizes one slice at a
 time (threads with gigatoken, which encodes without the GIL; forked processes with the
 `tokenizers` fallback) and the slices' tokens are written in input order, at most two slices
 per worker in flight, so memory stays bounded whatever the file's size. Per document: the text of each --json-keys key, its
@@ -34,7 +34,7 @@ from mlrepro.corpus import tokenizer as tokenizers_mod
 
 log = logging.getLogger(__name__)
 
-SLICE_BYTES = 32 << 20
+SLICE_BYTES = 16 << 20
 
 
 class InputError(ValueError):
@@ -107,8 +107,8 @@ def _load_encoder(options: Options, quiet: bool = False) -> tokenizers_mod.Encod
                                tokenizer_model=options.tokenizer_model, use_gigatoken=options.use_gigatoken, quiet=quiet)
 
 
-def _parse(raw: bytes) -> tuple[object, str | None]:
-    """The JSON value of one line, or None and why it is not one.
+def _parse(raw) -> tuple[object, str | None]:
+    """The JSON value of one line (bytes or a memoryview of them), or None and why it is not one.
 
     orjson is 2-3x faster than json and strict where json is lenient (NaN, lone surrogates);
     a line orjson refuses is given to json.loads, which Megatron's tool uses, so the two
@@ -118,6 +118,7 @@ def _parse(raw: bytes) -> tuple[object, str | None]:
         return orjson.loads(raw), None
     except orjson.JSONDecodeError:
         pass
+    raw = bytes(raw)
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -128,11 +129,27 @@ def _parse(raw: bytes) -> tuple[object, str | None]:
         return None, f"not valid JSON ({exc.msg} at column {exc.colno})" if line.strip() else "empty line (not a JSON object)"
 
 
-def _texts(lines: list[bytes], keys: tuple[str, ...]) -> dict[str, list[str]] | tuple[int, str]:
-    """The texts of each key, or (index of the bad line, why)."""
+def line_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end offsets of the lines of `data` (a last line without its newline counts too)."""
+    ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    if len(data) and data[-1] != 10:
+        ends = np.append(ends, len(data))
+    starts = np.empty_like(ends)
+    if len(ends):
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+    return starts, ends
+
+
+def _texts(data: bytes, keys: tuple[str, ...]) -> tuple[dict[str, list[str]], int] | tuple[int, str]:
+    """The texts of each key and the number of lines, or (index of the bad line, why).
+
+    Lines are parsed from a memoryview of the slice: no per-line copy of the bytes."""
+    view = memoryview(data)
+    starts, ends = line_bounds(data)
     texts: dict[str, list[str]] = {k: [] for k in keys}
-    for i, raw in enumerate(lines):
-        doc, problem = _parse(raw)
+    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+        doc, problem = _parse(view[a:b])
         if problem is not None:
             return i, problem
         if not isinstance(doc, dict):
@@ -144,35 +161,49 @@ def _texts(lines: list[bytes], keys: tuple[str, ...]) -> dict[str, list[str]] | 
             if not isinstance(value, str):
                 return i, f"key {k!r} holds {type(value).__name__}, not a string"
             texts[k].append(value)
-    return texts
+    return texts, len(ends)
 
 
 def encode_slice(path: str, start: int, end: int) -> tuple:
-    """Worker: ("ok", n_lines, {key: (ids, lengths)}) or ("error", line_in_slice, message)."""
+    """Worker: ("ok", n_lines, {key: (tokens, lengths)}) or ("error", line_in_slice, message).
+
+    The tokens are already what the .bin holds for these documents (EOD appended, in the
+    dataset's dtype), so writing them is one write of their buffer."""
     assert _ENCODER is not None and _OPTIONS is not None
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read(end - start)
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    texts = _texts(lines, _OPTIONS.json_keys)
-    if isinstance(texts, tuple):
-        return ("error", *texts)
+    parsed = _texts(data, _OPTIONS.json_keys)
+    del data
+    if isinstance(parsed[0], int):
+        return ("error", *parsed)
+    texts, n_lines = parsed
+    dtype = indexed.optimal_dtype(_ENCODER.vocab_size)
+    eod = _ENCODER.eod if _OPTIONS.append_eod else None
     out = {}
-    for key, values in texts.items():
-        ids, lengths = _ENCODER.encode_batch(values)
-        if _OPTIONS.append_eod and _ENCODER.eod is not None:
-            ids, lengths = append_eod(ids, lengths, _ENCODER.eod)
-        out[key] = (ids, lengths)
-    return ("ok", len(lines), out)
+    for key in list(texts):
+        ids, lengths = _ENCODER.encode_batch(texts.pop(key))
+        out[key] = frame(ids, lengths, eod, dtype)
+    return ("ok", n_lines, out)
 
 
-def append_eod(ids: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
-    """EOD after every non-empty document (an empty one stays empty, as in Megatron)."""
+def frame(ids: np.ndarray, lengths: np.ndarray, eod: int | None, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The .bin tokens of these documents in `dtype`, EOD after every non-empty one (an empty
+    document stays empty, as in Megatron), and each document's length."""
+    info = np.iinfo(dtype)
+    if len(ids) and int(ids.max()) > info.max:
+        raise ValueError(f"token id {int(ids.max())} does not fit {np.dtype(dtype).name}")
+    if eod is None:
+        return ids.astype(dtype, copy=False), lengths
     nonempty = lengths > 0
-    ends = np.cumsum(lengths)[nonempty]
-    return np.insert(ids, ends, eod), lengths + nonempty
+    framed = lengths + nonempty
+    out = np.empty(int(framed.sum()), dtype)
+    eod_at = np.cumsum(framed)[nonempty] - 1
+    keep = np.ones(len(out), bool)
+    keep[eod_at] = False
+    out[keep] = ids
+    out[eod_at] = eod
+    return out, framed
 
 
 class Progress:

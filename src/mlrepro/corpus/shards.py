@@ -1,7 +1,10 @@
 """The shards of a corpus, their split over download tasks, and the download of one task's share.
 
 A corpus source is a URL pattern over ranges (SlimPajama: chunk 1..10 × shard 0..5999), a URL
-list, or a local folder. Every shard has a fixed position in that list; tasks take the
+list, a local folder, or a Hugging Face Hub repository (`hub:`, its file paths as a pattern
+over ranges or a list; fetched with huggingface_hub through mlrepro.data.hub.hub_download, one
+call per task for the task's missing files, the token read from the variable named by
+`token_env`, never written). Every shard has a fixed position in that list; tasks take the
 contiguous share [rank·n/world, (rank+1)·n/world) as seed 001's download.py does, so a
 Slurm array task only needs its RANK and WORLD_SIZE. Each file goes through
 mlrepro.data.http.http_download (resumed from its .part, 429/5xx retried honouring Retry-After,
@@ -20,6 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mlrepro.data import checks, http
+from mlrepro.data.hub import hub_download
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,26 @@ class Shard:
     def is_local(self) -> bool:
         return "://" not in self.source
 
+    @property
+    def hub_path(self) -> str | None:
+        """The file's path in its Hub repository (hub sources: hf://<repo>/<path>)."""
+        return self.source.split("/", 4)[4] if self.source.startswith(HUB_SCHEME) else None
+
+
+HUB_SCHEME = "hf://"
+
+
+def _pattern_shards(pattern: str, ranges: dict, name_pattern: str, prefix: str = "") -> list[Shard]:
+    keys = list(ranges)
+    unknown = set(_PLACEHOLDER.findall(pattern)) - set(keys)
+    if unknown:
+        raise CorpusError(f"source: the pattern uses {', '.join(sorted(unknown))} but source.ranges does not give them")
+    shards = []
+    for i, values in enumerate(itertools.product(*(range(a, b + 1) for a, b in ranges.values()))):
+        fields = dict(zip(keys, values))
+        shards.append(Shard(i, prefix + pattern.format(**fields), name_pattern.format(**fields)))
+    return shards
+
 
 def expand(source: dict, root: Path | None = None) -> list[Shard]:
     """All shards of a corpus source, in their fixed order."""
@@ -57,16 +81,15 @@ def expand(source: dict, root: Path | None = None) -> list[Shard]:
             raise CorpusError(f"source.folder {folder}: not a folder")
         files = sorted(p for p in folder.glob(source.get("glob", "*.jsonl*")) if p.is_file())
         return [Shard(i, str(p.resolve()), p.name) for i, p in enumerate(files)]
-    pattern, ranges = source["url"], source["ranges"]
-    keys = list(ranges)
-    unknown = set(_PLACEHOLDER.findall(pattern)) - set(keys)
-    if unknown:
-        raise CorpusError(f"source.url uses {', '.join(sorted(unknown))} but source.ranges does not give them")
-    name_pattern = source.get("name") or Path(urlsplit(pattern).path).name
-    shards = []
-    for i, values in enumerate(itertools.product(*(range(a, b + 1) for a, b in ranges.values()))):
-        fields = dict(zip(keys, values))
-        shards.append(Shard(i, pattern.format(**fields), name_pattern.format(**fields)))
+    if "hub" in source:
+        prefix = f"{HUB_SCHEME}{source['hub']['repo']}/"
+        if "paths" in source:
+            shards = [Shard(i, prefix + p, Path(p).name) for i, p in enumerate(source["paths"])]
+        else:
+            shards = _pattern_shards(source["path"], source["ranges"], source.get("name") or Path(source["path"]).name, prefix)
+    else:
+        pattern = source["url"]
+        shards = _pattern_shards(pattern, source["ranges"], source.get("name") or Path(urlsplit(pattern).path).name)
     if len({s.name for s in shards}) != len(shards):
         raise CorpusError("source.name: the pattern gives two shards the same file name; use every placeholder in it")
     return shards
@@ -84,13 +107,54 @@ def groups(n: int, per_group: int) -> list[range]:
     return [range(g, min(g + per_group, n)) for g in range(0, n, per_group)]
 
 
+def groups_by_bytes(sizes: list[int | None], limit: int) -> list[range]:
+    """Positions of each chunk by size: consecutive shards whose sizes add up to at most `limit`
+    bytes (a larger shard is a chunk alone); holes (None) stay where they are and add nothing.
+    The same sizes always give the same chunks."""
+    chunks: list[range] = []
+    start, total = 0, 0
+    for p, size in enumerate(sizes):
+        size = size or 0
+        if total and total + size > limit:
+            chunks.append(range(start, p))
+            start, total = p, 0
+        total += size
+    if start < len(sizes):
+        chunks.append(range(start, len(sizes)))
+    return chunks
+
+
 def _is_not_found(exc: Exception) -> bool:
     # http_download reports the status only in its message.
     return "HTTP 404" in str(exc) or "HTTP 410" in str(exc)
 
 
+def fetch_hub_shards(hub: dict, wanted: list[Shard], folder: Path, *, workers: int, token_env: str,
+                     token_required: bool) -> None:
+    """The `wanted` shards not yet in `folder`, in one huggingface_hub call (it resumes partial files);
+    a path the repository does not have is simply not fetched (a hole, like HTTP 404)."""
+    todo = [s for s in wanted if not (folder / s.name).exists()]
+    if not todo:
+        return
+    staging = folder / ".hub"
+    hub_download(hub["repo"], staging, repo_type=hub.get("repo_type", "dataset"), revision=hub.get("revision"),
+                      allow_patterns=[s.hub_path for s in todo], token_env=token_env, token_required=token_required,
+                      endpoint=hub.get("endpoint"), max_workers=workers)
+    for s in todo:
+        got = staging / s.hub_path
+        if got.is_file():
+            os.replace(got, folder / s.name)
+
+
 def fetch_shard(shard: Shard, dest: Path, *, retries: int, token: str | None, expected: dict | None) -> int | None:
     """Bring one shard to `dest`; its size, or None when the source does not have it (404)."""
+    if shard.hub_path is not None:  # fetched by fetch_hub_shards
+        if not dest.exists():
+            return None
+        problem = http.verify_file(dest, (expected or {}).get("size"), (expected or {}).get("sha256"))
+        if problem:
+            raise checks.DownloadError(f"{dest.name}: {problem}")
+        return dest.stat().st_size
     if shard.is_local:
         if not Path(shard.source).is_file():
             return None
@@ -113,15 +177,18 @@ def fetch_shard(shard: Shard, dest: Path, *, retries: int, token: str | None, ex
 
 def download_share(shards: list[Shard], rank: int, world: int, folder: Path, report: Path, *,
                    workers: int = 8, retries: int = 5, token_env: str | None = None,
-                   manifest: dict | None = None, already: callable | None = None) -> dict:
+                   manifest: dict | None = None, already: callable | None = None, hub: dict | None = None) -> dict:
     """Download task `rank`'s share into `folder`; write and return its report.
 
     `already(shard)` says a shard is done in a later form (extracted, its .zst removed).
     """
-    token = checks.require_token(token_env, purpose="download the corpus") if token_env else None
+    token = checks.require_token(token_env, purpose="download the corpus") if token_env and not hub else None
     mine = [shards[p] for p in share(len(shards), rank, world)]
     log.info("task %d of %d: %d shards (positions %s)", rank, world, len(mine),
              f"{mine[0].position}..{mine[-1].position}" if mine else "none")
+    if hub:
+        fetch_hub_shards(hub, [s for s in mine if not (already and already(s))], folder, workers=workers,
+                         token_env=token_env or "HF_TOKEN", token_required=bool(token_env))
 
     def one(shard: Shard):
         if already is not None and already(shard):

@@ -4,12 +4,19 @@ Files of corpus NAME live under resources/corpora/NAME/:
 
     shards/<shard name>                          downloaded (removed after extraction if asked)
     download/task_<rank>.json                    one download task's report (a Slurm array task)
-    download.json                                all tasks checked against `expected`
+    download/tasks.json                          every task's report (the download stage's output)
+    download.json                                all tasks checked against `expected`; the chunk plan
     extracted/<name>, extracted/group_<g>.json   decompressed shards of concat chunk g
     concat/train_chunk_<g>.jsonl                 concatenated chunk g (seed 001's names)
-    preprocessed/train_chunk_<g>_<key>_document.bin/.idx
+    preprocessed/train_chunk_<g>_<key>_document.bin/.idx   one pair per chunk (a Slurm array task)
+    preprocessed.json                            every chunk's prefix (the preprocess stage's output)
     tokenizer/, tokenizer/fetched.json           the tokenizer's files, fetched
+    slurm/                                       the array batch scripts (Slurm systems)
     data_prefix.json, data_prefix.txt            the blend
+
+Download and preprocess are each ONE Snakemake job per corpus whose tasks (RANK/WORLD_SIZE
+shares; chunks) run as one Slurm job array or, without Slurm, in parallel here (see
+mlrepro.corpus.array); a task whose output is there is not run again.
 """
 
 from __future__ import annotations
@@ -19,8 +26,8 @@ import logging
 import shutil
 from pathlib import Path
 
+from mlrepro.corpus import array, blend, concat, extract, preprocess, shards
 from mlrepro.data import checks, http
-from mlrepro.corpus import blend, concat, extract, preprocess, shards
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -36,27 +43,53 @@ def shard_list(corpus: dict, root: Path) -> list[shards.Shard]:
     return shards.expand(corpus["source"], root)
 
 
-def num_groups(corpus: dict, root: Path) -> int:
-    return len(shards.groups(len(shard_list(corpus, root)), corpus["concat"]["files_per_chunk"]))
+def num_groups(corpus: dict, root: Path) -> int | None:
+    """Concatenated chunks of the corpus, known before the download with files_per_chunk; None with
+    bytes_per_chunk (the chunk plan needs the shards' sizes: see download.json)."""
+    per = corpus["concat"].get("files_per_chunk")
+    return len(shards.groups(len(shard_list(corpus, root)), per)) if per else None
 
 
-def download_reports(corpus: dict) -> list[str]:
-    """The reports of the corpus's download tasks (inputs of the verification)."""
-    base = f"resources/corpora/{corpus['name']}"
-    return [f"{base}/download/task_{rank}.json" for rank in range(corpus["download"]["array_tasks"])]
+def chunk_plan(corpus: dict, sizes: list[int | None]) -> list[range]:
+    """Shard positions of each chunk: by count, or by bytes (sizes as downloaded, holes None)."""
+    per = corpus["concat"].get("files_per_chunk")
+    if per:
+        return shards.groups(len(sizes), per)
+    return shards.groups_by_bytes(sizes, corpus["concat"]["bytes_per_chunk"])
 
 
-def datasets(corpus: dict, root: Path) -> list[str]:
-    """The .bin of every chunk and json key (inputs of the blend)."""
-    base = f"resources/corpora/{corpus['name']}"
-    return [f"{base}/preprocessed/train_chunk_{g}_{key}_document.bin"
-            for g in range(num_groups(corpus, Path(root))) for key in corpus["json_keys"]]
+def chunk_count(corpus: dict, root: Path, downloaded=None) -> int | None:
+    """The chunk count: from the config (files_per_chunk), else from download.json, whose path
+    `downloaded()` gives (in the workflow: the checkpoint's output, once it has run)."""
+    n = num_groups(corpus, root)
+    if n is not None or downloaded is None:
+        return n
+    return len(json.loads(Path(downloaded()).read_text())["chunks"])
+
+
+def _base(corpus: dict) -> str:
+    return f"resources/corpora/{corpus['name']}"
+
+
+def chunk_prefixes(corpus: dict, n_groups: int) -> list[str]:
+    return [f"{_base(corpus)}/preprocessed/train_chunk_{g}_{key}_document"
+            for g in range(n_groups) for key in corpus["json_keys"]]
+
+
+def preprocess_inputs(corpus: dict, root: Path, downloaded=None) -> list[str]:
+    """The concatenated chunks; and, when a chunk's .bin/.idx went missing after the stage ran, the
+    folder it was deleted from (newer than preprocessed.json, so the stage reruns, for that chunk alone)."""
+    n_groups = chunk_count(corpus, root, downloaded)
+    inputs = [f"{_base(corpus)}/concat/train_chunk_{g}.jsonl" for g in range(n_groups)]
+    if (Path(root) / f"{_base(corpus)}/preprocessed.json").exists() and not all(
+            (Path(root) / f"{p}{s}").exists() for p in chunk_prefixes(corpus, n_groups) for s in (".bin", ".idx")):
+        inputs.append(f"{_base(corpus)}/preprocessed")
+    return inputs
 
 
 def targets(corpora: dict, root: Path) -> list[str]:
-    """What `snakemake all` makes of each configured corpus; the chunks are listed too, so that a
-    lost chunk is rebuilt, alone, by the default target."""
-    return [t for c in corpora.values() for t in [*datasets(c, root), f"resources/corpora/{c['name']}/data_prefix.json"]]
+    """What `snakemake all` makes of each configured corpus."""
+    return [f"{_base(c)}/{name}" for c in corpora.values() for name in ("preprocessed.json", "data_prefix.json")]
 
 
 def _manifest(corpus: dict, root: Path) -> dict | None:
@@ -67,29 +100,96 @@ def _manifest(corpus: dict, root: Path) -> dict | None:
     return json.loads(path.read_text())
 
 
-def download_task(corpus: dict, root: Path, rank: int, report: Path) -> None:
+def download_task(corpus: dict, root: Path, rank: int, report: Path | None = None) -> None:
     base = folder(root, corpus["name"])
     dl = corpus["download"]
     extracted = base / "extracted"
     shards.download_share(
-        shard_list(corpus, root), rank, dl["array_tasks"], base / "shards", report,
+        shard_list(corpus, root), rank, dl["array_tasks"], base / "shards", report or task_report(corpus, root, rank),
         workers=dl["workers"], retries=dl["retries"], token_env=corpus["source"].get("token_env"),
-        manifest=_manifest(corpus, root),
+        manifest=_manifest(corpus, root), hub=corpus["source"].get("hub"),
         # A shard extracted and removed (delete_compressed) is not downloaded again.
         already=lambda s: (extracted / extract.extracted_name(s.name)).exists() and not (base / "shards" / s.name).exists(),
     )
 
 
-def verify_download(corpus: dict, root: Path, reports: list[Path], out: Path) -> None:
-    shards.verify(shard_list(corpus, root), [json.loads(Path(r).read_text()) for r in reports], out,
-                  expected_files=corpus.get("expected", {}).get("files"),
-                  min_files=corpus.get("expected", {}).get("min_files"))
+def task_report(corpus: dict, root: Path, rank: int) -> Path:
+    return folder(root, corpus["name"]) / "download" / f"task_{rank}.json"
+
+
+def _task_done(corpus: dict, root: Path, rank: int) -> bool:
+    """A report of this rank under the same WORLD_SIZE (another split gives other shares)."""
+    try:
+        return json.loads(task_report(corpus, root, rank).read_text())["world"] == corpus["download"]["array_tasks"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _chunk_done(corpus: dict, root: Path, g: int) -> bool:
+    """Chunk g's pairs are there and newer than the chunk (a chunk concatenated again is tokenized again)."""
+    jsonl = Path(root) / f"{_base(corpus)}/concat/train_chunk_{g}.jsonl"
+    made = jsonl.stat().st_mtime if jsonl.exists() else 0
+    outputs = [Path(root) / f"{_base(corpus)}/preprocessed/train_chunk_{g}_{key}_document{s}"
+               for key in corpus["json_keys"] for s in (".bin", ".idx")]
+    return all(p.exists() and p.stat().st_mtime >= made for p in outputs)
+
+
+def array_plan(corpus: dict, root: Path, stage: str, size: int) -> array.ArrayPlan:
+    workers = corpus["preprocess"]["workers"] if stage == "preprocess" else 1
+    # A preprocess worker holds a few slices and their tokens (bounded, see mlrepro.corpus.preprocess).
+    mem = 1024 * (workers + 1) if stage == "preprocess" else None
+    return array.ArrayPlan(corpus["name"], stage, size, folder(root, corpus["name"]), cpus=workers, mem_mb=mem)
+
+
+def plan_line(corpus: dict, root: Path, system, stage: str) -> str:
+    """What `snakemake -n` says the stage will do: the array's sbatch line on Slurm."""
+    size = corpus["download"]["array_tasks"] if stage == "download" else chunk_count(corpus, root)
+    if size is None:
+        return f"{corpus['name']}: {stage}, one task per chunk (the chunk count follows from the download)"
+    if system.scheduler == "slurm":
+        return array.describe(array_plan(corpus, root, stage, size), Path(root), system.partition, system.account)
+    if stage == "preprocess":
+        return (f"{corpus['name']}: preprocess, {size} chunks one after the other on this machine, "
+                f"{corpus['preprocess']['workers']} workers each")
+    return f"{corpus['name']}: {stage}, {size} tasks in parallel on this machine"
+
+
+def _run_tasks(corpus: dict, root: Path, system, stage: str, size: int, done, task, parallel: int) -> None:
+    plan = array_plan(corpus, root, stage, size)
+    slurm = system is not None and system.scheduler == "slurm"
+    if slurm:
+        array.wait_for_earlier(plan, system.slurm_status_command, system.slurm_poll_seconds)
+    todo = [i for i in range(size) if not done(i)]
+    log.info("%s %s: %d of %d tasks to run", corpus["name"], stage, len(todo), size)
+    if slurm:
+        array.run_slurm(plan, corpus, Path(root), todo, done, system.partition, system.account)
+    else:
+        array.run_local(plan, todo, task, parallel)
+
+
+def download_stage(corpus: dict, root: Path, out: Path, system=None) -> None:
+    """Every RANK/WORLD_SIZE share (one array task each on Slurm); tasks.json gathers their reports."""
+    world = corpus["download"]["array_tasks"]
+    _run_tasks(corpus, root, system, "download", world, lambda r: _task_done(corpus, root, r),
+               lambda r: download_task(corpus, root, r), parallel=world)
+    reports = [json.loads(task_report(corpus, root, r).read_text()) for r in range(world)]
+    atomic_write_json(out, {"world": world, "reports": reports})
+
+
+def verify_download(corpus: dict, root: Path, tasks: Path, out: Path) -> None:
+    reports = json.loads(Path(tasks).read_text())["reports"]
+    record = shards.verify(shard_list(corpus, root), reports, out,
+                           expected_files=corpus.get("expected", {}).get("files"),
+                           min_files=corpus.get("expected", {}).get("min_files"))
+    chunks = chunk_plan(corpus, [s["size"] for s in record["shards"]])
+    atomic_write_json(out, {**record, "chunks": [[r.start, r.stop] for r in chunks]})
+    log.info("chunk plan: %d chunks", len(chunks))
 
 
 def _group_shards(corpus: dict, root: Path, downloaded: Path, g: int) -> list[dict]:
     record = json.loads(Path(downloaded).read_text())
-    positions = shards.groups(len(record["shards"]), corpus["concat"]["files_per_chunk"])[g]
-    return [record["shards"][p] for p in positions if record["shards"][p]["size"] is not None]
+    first, stop = record["chunks"][g]
+    return [record["shards"][p] for p in range(first, stop) if record["shards"][p]["size"] is not None]
 
 
 def extract_group(corpus: dict, root: Path, downloaded: Path, g: int, out: Path) -> None:
@@ -138,19 +238,38 @@ def tokenizer_paths(corpus: dict, root: Path) -> dict:
             for key in TOKENIZER_FILES if corpus["tokenizer"].get(key)}
 
 
-def preprocess_chunk(corpus: dict, root: Path, jsonl: Path, key: str, out_bin: Path, threads: int | None = None) -> None:
-    prefix = str(out_bin).removesuffix(f"_{key}_document.bin")
-    options = preprocess.Options(
-        input=Path(jsonl), output_prefix=prefix, tokenizer_type=corpus["tokenizer"]["type"],
-        json_keys=(key,), append_eod=corpus["append_eod"],
-        workers=threads or corpus["preprocess"]["workers"], **tokenizer_paths(corpus, root))
-    result = preprocess.preprocess(options)
-    log.info("%s: %d documents, %s tokens, %.1f s (%s)", jsonl, result.documents, result.tokens, result.seconds,
-             result.backend)
+def preprocess_chunk(corpus: dict, root: Path, g: int, threads: int | None = None) -> None:
+    """Chunk g's .bin/.idx pair for every json key (one array task on Slurm)."""
+    base = folder(root, corpus["name"])
+    jsonl = base / "concat" / f"train_chunk_{g}.jsonl"
+    for key in corpus["json_keys"]:
+        options = preprocess.Options(
+            input=jsonl, output_prefix=str(base / "preprocessed" / f"train_chunk_{g}"),
+            tokenizer_type=corpus["tokenizer"]["type"], json_keys=(key,), append_eod=corpus["append_eod"],
+            workers=threads or corpus["preprocess"]["workers"], **tokenizer_paths(corpus, root))
+        result = preprocess.preprocess(options)
+        log.info("%s: %d documents, %s tokens, %.1f s (%s)", jsonl, result.documents, result.tokens, result.seconds,
+                 result.backend)
 
 
-def write_blend(corpus: dict, bins: list[Path], out: Path) -> None:
-    prefixes = [str(Path(b).with_suffix("")) for b in bins]
+def preprocess_stage(corpus: dict, root: Path, n_groups: int, out: Path, system=None, threads: int | None = None) -> None:
+    """Every chunk still without its pair (one array task each on Slurm, one after the other here,
+    each with all the job's threads); preprocessed.json lists the prefixes."""
+    _run_tasks(corpus, root, system, "preprocess", n_groups, lambda g: _chunk_done(corpus, root, g),
+               lambda g: preprocess_chunk(corpus, root, g, threads), parallel=1)
+    atomic_write_json(out, {"prefixes": chunk_prefixes(corpus, n_groups)})
+
+
+def array_task(corpus: dict, root: Path, stage: str, index: int) -> None:
+    """One Slurm array task (mlrepro.corpus.array's entry point): a download share or a chunk."""
+    if stage == "download":
+        download_task(corpus, root, index)
+    else:
+        preprocess_chunk(corpus, root, index)
+
+
+def write_blend(corpus: dict, preprocessed: Path, out: Path) -> None:
+    prefixes = json.loads(Path(preprocessed).read_text())["prefixes"]
     record = blend.write_blend(prefixes, out, corpus["blend"]["weights"])
     log.info("blend of %d datasets, %d tokens", len(prefixes), record["total_tokens"])
 
@@ -165,15 +284,16 @@ def run_from_snakemake(smk) -> None:
     corpus = settings.corpora[wc.corpus]
     out = Path(smk.output[0])
     calls = {
-        "corpus_download": lambda: download_task(corpus, root, int(wc.rank), out),
-        "corpus_downloaded": lambda: verify_download(corpus, root, list(map(Path, smk.input)), out),
+        "corpus_download": lambda: download_stage(corpus, root, out, settings.system),
+        "corpus_downloaded": lambda: verify_download(corpus, root, Path(smk.input[0]), out),
         "corpus_extract": lambda: extract_group(corpus, root, Path(smk.input.downloaded), int(wc.group), out),
         "corpus_concat": lambda: concat_group(corpus, Path(smk.input[0]), out),
         "corpus_tokenizer": lambda: fetch_tokenizer(corpus, root, out.parent),
-        "corpus_preprocess": lambda: preprocess_chunk(corpus, root, Path(smk.input.jsonl), wc.key, out, smk.threads),
-        "corpus_blend": lambda: write_blend(corpus, list(map(Path, smk.input)), out),
+        "corpus_preprocess": lambda: preprocess_stage(corpus, root, sum(f.endswith(".jsonl") for f in smk.input.jsonl),
+                                                      out, settings.system, smk.threads),
+        "corpus_blend": lambda: write_blend(corpus, Path(smk.input[0]), out),
     }
-    errors = (shards.CorpusError, extract.ExtractError, preprocess.InputError, checks.DataError, mlrepro_config.ConfigError)
+    errors = (array.ArrayError, shards.CorpusError, extract.ExtractError, preprocess.InputError, checks.DataError, mlrepro_config.ConfigError)
     with stage_process(Path(smk.log[0])):
         try:
             calls[smk.rule]()

@@ -93,14 +93,34 @@ def _hf_tokenizer(tokenizer_type: str, vocab_file: str | None, merge_file: str |
     return AutoTokenizer.from_pretrained(str(model), local_files_only=True)
 
 
-def _gigatoken(hf, reference) -> tuple[Any | None, str]:
+EOD_GPT2 = "<|endoftext|>"
+
+
+def gpt2_backend(vocab_file: str, merge_file: str):
+    """The `tokenizers` object transformers' GPT2Tokenizer(vocab, merges) builds (the same JSON, see
+    the tests), made without importing transformers (seconds of a short run's start); None when the
+    vocabulary lacks <|endoftext|> (transformers then adds it as a new id: let it)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    bpe = models.BPE.from_file(vocab_file, merge_file, continuing_subword_prefix="", end_of_word_suffix="")
+    if bpe.token_to_id(EOD_GPT2) is None:
+        return None
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1", special_tokens=[])
+    tok.add_special_tokens([AddedToken(EOD_GPT2, special=True, normalized=False)])
+    return tok
+
+
+def _gigatoken(backend, reference) -> tuple[Any | None, str]:
     """A gigatoken tokenizer with the same ids as `reference` on PROBE, or None and why not."""
     try:
         import gigatoken
     except ImportError:
         return None, "gigatoken is not installed"
     try:
-        giga = gigatoken.Tokenizer.from_json(hf.backend_tokenizer.to_str())
+        giga = gigatoken.Tokenizer.from_json(backend.to_str())
     except Exception as exc:  # gigatoken refuses some tokenizers (e.g. byte remapping)
         return None, f"gigatoken refused the tokenizer: {exc}"
     for text in PROBE:
@@ -119,27 +139,34 @@ def load(tokenizer_type: str, *, vocab_file: str | None = None, merge_file: str 
     if tokenizer_type == "SentencePieceTokenizer":
         return _sentencepiece(tokenizer_model)
     try:
-        hf = _hf_tokenizer(tokenizer_type, vocab_file, merge_file, tokenizer_model)
+        backend, vocab_size, eod, reference = _reference(tokenizer_type, vocab_file, merge_file, tokenizer_model)
     except TokenizerError:
         raise
     except Exception as exc:
         raise TokenizerError(f"cannot build the {tokenizer_type} tokenizer: {exc}") from None
-    vocab_size = len(hf)
-    eod = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
-
-    def reference(text: str) -> list[int]:
-        return list(hf(text).input_ids)
-
-    giga, why = _gigatoken(hf, reference) if use_gigatoken else (None, "gigatoken not requested")
+    giga, why = _gigatoken(backend, reference) if use_gigatoken else (None, "gigatoken not requested")
     if giga is not None:
         return Encoder(tokenizer_type, vocab_size, eod, "gigatoken", giga)
     if not quiet:
         log.warning("encoding with the tokenizers library (slower): %s", why)
-    backend = hf.backend_tokenizer
     for text in PROBE:
         if backend.encode(text, add_special_tokens=True).ids != reference(text):
             raise TokenizerError(f"the {tokenizer_type} tokenizer's backend disagrees with transformers on {text[:40]!r}")
     return Encoder(tokenizer_type, vocab_size, eod, "tokenizers", backend)
+
+
+def _reference(tokenizer_type: str, vocab_file: str | None, merge_file: str | None, tokenizer_model: str | None):
+    """(the `tokenizers` backend, vocab size, EOD id, the ids Megatron's tokenizer gives a text)."""
+    if tokenizer_type == "GPT2BPETokenizer":
+        vocab = _require(vocab_file, "--vocab-file", tokenizer_type)
+        merges = _require(merge_file, "--merge-file", tokenizer_type)
+        backend = gpt2_backend(str(vocab), str(merges))
+        if backend is not None:
+            return (backend, backend.get_vocab_size(with_added_tokens=True), backend.token_to_id(EOD_GPT2),
+                    lambda text: backend.encode(text, add_special_tokens=True).ids)
+    hf = _hf_tokenizer(tokenizer_type, vocab_file, merge_file, tokenizer_model)
+    eod = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
+    return hf.backend_tokenizer, len(hf), eod, lambda text: list(hf(text).input_ids)
 
 
 def _sentencepiece(tokenizer_model: str | None) -> Encoder:

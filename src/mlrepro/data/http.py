@@ -91,7 +91,7 @@ def _part_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".part")
 
 
-def _verify_file(path: Path, expected_size: int | None, sha256: str | None) -> str | None:
+def verify_file(path: Path, expected_size: int | None, sha256: str | None) -> str | None:
     """None if `path` matches; otherwise what is wrong."""
     size = path.stat().st_size
     if expected_size is not None and size != expected_size:
@@ -138,7 +138,7 @@ def http_download(
         return DownloadError(redact(message, secrets))
 
     if dest.exists():
-        problem = _verify_file(dest, expected_size, sha256)
+        problem = verify_file(dest, expected_size, sha256)
         if problem is None:
             return dest
         log.warning("%s exists but is wrong (%s); downloading it again", dest, problem)
@@ -175,7 +175,7 @@ def http_download(
         except DownloadError as exc:
             raise fail(str(exc)) from None
 
-    problem = _verify_file(part, expected_size, sha256)
+    problem = verify_file(part, expected_size, sha256)
     if problem is not None:
         # A wrong file must not be resumed from either: start clean next time.
         part.unlink()
