@@ -278,6 +278,8 @@ def finish_seed(plan: SeedPlan, run_log: Path, mllog_out: Path, not_converged: s
 WALLTIME_EXIT = 124
 # What it returns when the run's log could not be written (disk full, read-only): the run is stopped.
 LOG_WRITE_EXIT = 125
+# What it returns when the quick preflight failed this node before training (mlrepro.preflight.quick).
+PREFLIGHT_EXIT = 126
 
 
 class _WallTime(Exception):
@@ -302,6 +304,8 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
     marker = child_env[proctree.MARKER]
     hide = secrets.redactor(child_env)
     write_error: list[str] = []
+    if _preflight_failed(Path(log_path)):
+        return PREFLIGHT_EXIT
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
             ["bash", "run_and_time.sh"],
@@ -358,6 +362,17 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
         print(write_error[0], file=sys.stderr)
         return LOG_WRITE_EXIT
     return rc
+
+
+def _preflight_failed(log_path: Path) -> bool:
+    """The quick preflight inside the allocation (mlrepro.preflight.quick); True when this node failed it."""
+    from mlrepro.preflight import quick
+
+    _, why = quick.check(log_path.parent)
+    if why:
+        with open(log_path, "a") as out:
+            out.write(f"mlrepro: {why}\n")
+    return why is not None
 
 
 @contextlib.contextmanager
@@ -487,6 +502,13 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         except OSError as exc:
             _io_failure(plan, exc)
         _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
+    if rc == PREFLIGHT_EXIT:
+        host = _read_json(logdir / "preflight_quick.json") or {}
+        from mlrepro.preflight import quick
+
+        record_failure(seed_dir, quick.reason(host) or "preflight failed", state="PREFLIGHT_FAILED", attempt=attempt,
+                       suspect_nodes=[host.get("host", socket.gethostname())], preflight=host)
+        raise SeedFailed(f"seed {plan.seed}: {quick.reason(host)}; see {logdir / 'preflight_quick.json'}")
     if rc == WALLTIME_EXIT:
         record_failure(seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT",
                        attempt=attempt)

@@ -8,7 +8,6 @@ otherwise. Across nodes the same worker runs under srun (RANK/WORLD_SIZE from SL
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import time

@@ -30,7 +30,6 @@ def matmul_tflops(index: int, n: int = 8192, seconds: float = 2.0) -> float:
         b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
         t = _timed(torch, lambda: torch.matmul(a, b, out=c), seconds)
-        del a, b, c
         torch.cuda.empty_cache()
     return 2 * n ** 3 / t / 1e12
 
@@ -43,7 +42,6 @@ def copy_tbps(index: int, nbytes: int = 1 << 30, seconds: float = 1.0) -> float:
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         t = _timed(torch, lambda: dst.copy_(src), seconds)
-        del src, dst
         torch.cuda.empty_cache()
     return 2 * nbytes / t / 1e12
 

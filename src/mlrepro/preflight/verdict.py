@@ -6,8 +6,9 @@ from mlrepro.plan import hardware
 from mlrepro.preflight import NA
 
 RANK = {"pass": 0, NA: 0, "warn": 1, "fail": 2}
-# Against a figure measured on a healthy GPU of the same model: >= 90% passes, >= 75% warns.
-MEASURED_PASS, MEASURED_WARN = 0.90, 0.75
+# Against a figure measured on a healthy GPU of the same model: >= 85% passes, >= 70% warns (a
+# healthy H100 measured 680-758 TFLOP/s in a 2 s window: clocks ramp).
+MEASURED_PASS, MEASURED_WARN = 0.85, 0.70
 # Against a datasheet peak only (torch never reaches it): what a healthy GPU reaches comfortably.
 DATASHEET_PASS, DATASHEET_WARN = 0.60, 0.45
 # Seed 003: all_reduce busbw above 70% of the theoretical link bandwidth; stricter (80% of it)
