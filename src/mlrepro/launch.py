@@ -375,6 +375,14 @@ def _preflight_failed(log_path: Path) -> bool:
     return why is not None
 
 
+def _preflight_reason(logdir: Path) -> str | None:
+    """Why the attempt's quick preflight failed its node (exit 126 is also bash's "cannot execute")."""
+    from mlrepro.preflight import quick
+
+    host = _read_json(logdir / quick.RECORD)
+    return quick.reason(host) if host else None
+
+
 @contextlib.contextmanager
 def _environ(**values: str):
     """os.environ with `values` added for the duration (submitit starts its job with os.environ)."""
@@ -502,13 +510,12 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         except OSError as exc:
             _io_failure(plan, exc)
         _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
-    if rc == PREFLIGHT_EXIT:
-        host = _read_json(logdir / "preflight_quick.json") or {}
-        from mlrepro.preflight import quick
-
-        record_failure(seed_dir, quick.reason(host) or "preflight failed", state="PREFLIGHT_FAILED", attempt=attempt,
-                       suspect_nodes=[host.get("host", socket.gethostname())], preflight=host)
-        raise SeedFailed(f"seed {plan.seed}: {quick.reason(host)}; see {logdir / 'preflight_quick.json'}")
+    preflight_failed = rc == PREFLIGHT_EXIT and _preflight_reason(logdir)
+    if preflight_failed:
+        host = _read_json(logdir / "preflight_quick.json")
+        record_failure(seed_dir, preflight_failed, state="PREFLIGHT_FAILED", attempt=attempt,
+                       suspect_nodes=[host["host"]], preflight=host)
+        raise SeedFailed(f"seed {plan.seed}: {preflight_failed}; see {logdir / 'preflight_quick.json'}")
     if rc == WALLTIME_EXIT:
         record_failure(seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT",
                        attempt=attempt)

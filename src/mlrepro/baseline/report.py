@@ -36,6 +36,15 @@ def write(doc: dict, md_path: Path, html_path: Path, plot_path: Path) -> None:
 
     from mlrepro.fsutil import atomic_write_text
 
+    if not doc["runs"]:
+        why = doc.get("why", "no run succeeded (see baseline.json)")
+        atomic_write_text(md_path, f"# Baseline Performance Report: {doc['system']}\n\n{why}\n")
+        atomic_write_text(html_path, f"<html><body><h1>Baseline Performance Report</h1><p>{why}</p></body></html>\n")
+        fig = plt.figure(figsize=(6, 1))
+        fig.text(0.5, 0.5, why, ha="center")
+        fig.savefig(plot_path)
+        plt.close(fig)
+        return
     df = table(doc)
     title = header(doc)
     atomic_write_text(md_path, f"# {title}\n\n" + df.to_markdown(index=False) + "\n")

@@ -42,8 +42,7 @@ def baseline(system: str, settings: dict, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "baseline.json", doc)
     good = {**doc, "runs": [r for r in doc["runs"] if "error" not in r]}
-    if good["runs"]:
-        report.write(good, out_dir / "baseline_report.md", out_dir / "baseline_report.html", out_dir / "baseline.png")
+    report.write(good, out_dir / "baseline_report.md", out_dir / "baseline_report.html", out_dir / "baseline.png")
     return doc
 
 

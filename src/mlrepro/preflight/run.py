@@ -39,7 +39,9 @@ def host_record(settings: dict, expected_gpus: int | None, workdir: Path, raw_di
     why, found = gpus.collect()
     checks = []
     if why:
-        checks.append({"name": "gpus_visible", "verdict": NA, "why": why})
+        # A system configured with GPUs whose node has no driver is broken, not a CPU machine.
+        checks.append({"name": "gpus_visible", "verdict": "fail" if expected_gpus else NA,
+                       "why": why + (f"; {expected_gpus} GPU(s) expected" if expected_gpus else "")})
     else:
         n = len(found)
         ok = expected_gpus is None or n >= expected_gpus
@@ -142,3 +144,27 @@ def run(args) -> int:
                 print(f"  {c['name']}: {c['verdict']} ({c['why']})")
     print(f"written: {out / 'preflight.json'}, {out / 'env_checklist.md'} ({doc['seconds']} s)")
     return 1 if doc["summary"]["verdict"] == "fail" else 0
+
+
+def run_from_snakemake(smk) -> None:
+    """The preflight and baseline rules (workflow/rules/preflight.smk)."""
+    import json
+    import sys
+
+    from mlrepro import config
+    from mlrepro.stages import stage_process
+
+    settings = config.load(smk.config, Path.cwd())
+    system = settings.system
+    out_dir = Path(smk.output.json).parent
+    with stage_process(Path(smk.log[0])):
+        if smk.rule == "preflight":
+            preflight(system.name, smk.params.settings, system.gpus_per_node if system.device == "cuda" else None, out_dir)
+            return
+        from mlrepro.baseline.run import baseline
+
+        pre = json.loads(Path(smk.input[0]).read_text())
+        if pre["summary"]["verdict"] == "fail":
+            log.error("preflight failed on this system (%s): no baseline on a bad node", smk.input[0])
+            sys.exit(1)
+        baseline(system.name, smk.params.settings, out_dir)

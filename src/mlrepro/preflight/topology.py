@@ -21,7 +21,7 @@ def parse(text: str) -> dict:
     if header_at is None:
         raise ValueError("no `nvidia-smi topo -m` matrix header (a line starting with GPU0) found")
     header = re.split(r"\t+|\s{2,}", lines[header_at].strip())
-    devices = [h for h in header if re.fullmatch(r"GPU\d+|NIC\d+|mlx5_\d+", h)]
+    devices = [h for h in header if re.fullmatch(r"GPU\d+|NIC\d+|mlx\d+_\d+", h)]
     extra = header[len(devices):]  # CPU Affinity, NUMA Affinity, GPU NUMA ID
     topo = {"gpus": [d for d in devices if d.startswith("GPU")], "nics": [d for d in devices if not d.startswith("GPU")],
             "matrix": {}, "cpu_affinity": {}, "numa_affinity": {}}
@@ -55,7 +55,7 @@ def check_tp(topo: dict, tp: int) -> list[dict]:
     """One check per TP group: pass when every pair talks over NVLink, warn naming the slow pair otherwise,
     and warn when a group spans NUMA nodes."""
     checks = []
-    n = len(topo["gpus"])
+    n = len([g for g in topo["gpus"] if g in topo["matrix"]])
     if tp <= 1 or n < tp:
         return [{"name": f"tp{tp}_links", "verdict": "not applicable",
                  "why": f"TP {tp} on {n} GPU(s): no TP group inside this node"}]
