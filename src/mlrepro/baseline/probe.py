@@ -56,7 +56,7 @@ def _attention(torch, backend: str) -> None:
 
 
 def measure(model_name: str, precision: str = "bf16", mbs: int = 8, steps: int = 10, warmup: int = 4,
-            ga: int = 1, attention: str = "flash") -> dict:
+            ga: int = 1, attention: str = "flash", compile_mode: str = "default") -> dict:
     """One run on cuda:0: the baseline.json row for it."""
     import torch
 
@@ -73,8 +73,8 @@ def measure(model_name: str, precision: str = "bf16", mbs: int = 8, steps: int =
     torch.cuda.reset_peak_memory_stats()
     model = GPT(shape).cuda()
     for block in model.blocks:
-        block.compile()
-    model.loss = torch.compile(model.loss)
+        block.compile(mode=compile_mode)
+    model.loss = torch.compile(model.loss, mode=compile_mode)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     step = _step_fn(torch, model, opt, scaler, dtype, ga)
@@ -103,6 +103,7 @@ def measure(model_name: str, precision: str = "bf16", mbs: int = 8, steps: int =
         "workload": "probe", "model": shape.name, "precision": precision, "tp": 1, "pp": 1, "dp": 1,
         "mbs": mbs, "gbs": gbs, "seq": shape.seq, "iter_time_s": round(dt, 4),
         "samples_per_s": round(gbs / dt, 2), "tokens_per_s": round(gbs * shape.seq / dt), "attention": attention,
+        "compile_mode": compile_mode,
         "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops / peak_tflops, 4),
         "peak_mem_gib": round(peak, 2), "predicted_mem_gib": round(predicted, 2),
         "mem_error_pct": round(100 * (predicted - peak) / peak, 1),

@@ -26,11 +26,15 @@ def baseline(system: str, settings: dict, out_dir: Path) -> dict:
     if not torch.cuda.is_available():
         doc = {"system": system, "runs": [], "why": "not applicable: no CUDA GPU on this node", "flops_formula": FORMULA}
     else:
+        start = time.monotonic()
         for spec in b["runs"]:
             t0 = time.monotonic()
+            if t0 - start > b["budget_s"]:
+                runs.append({**spec, "error": f"skipped: the baseline's budget of {b['budget_s']} s was spent"})
+                continue
             try:
                 row = probe.measure(spec["model"], spec["precision"], spec["mbs"], steps=b["steps"], warmup=b["warmup"],
-                                    ga=spec["ga"], attention=spec["attention"])
+                                    ga=spec["ga"], attention=spec["attention"], compile_mode=spec["compile_mode"])
             except Exception as exc:  # an OOM or a missing kernel costs that row, not the report
                 log.exception("baseline run %s failed", spec)
                 row = {**spec, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
