@@ -200,3 +200,12 @@ def test_gpu_references_live_in_the_one_hardware_table():
     assert (h200.measured_matmul_tflops, h200.measured_copy_tbps) == (789, 4.1)
     assert h200.measured_busbw_gbs[2][4096 << 20] == 343
     assert dataclasses.is_dataclass(h100) and hardware.gpu_model("Tesla T4") is None
+
+
+@pytest.mark.timeout(120)
+def test_torch_sweep_runs_two_real_ranks(tmp_path):
+    """The torch.distributed fallback end to end with two processes (gloo on CPU; NCCL on GPUs)."""
+    res = collectives.torch_sweep(2, [8, 1 << 16], tmp_path, backend="gloo")
+    assert res["ranks"] == 2 and [r["bytes"] for r in res["rows"]] == [8, 1 << 16]
+    for r in res["rows"]:
+        assert r["time_us"] > 0 and r["busbw_gbps"] == pytest.approx(r["algbw_gbps"], abs=1e-3)  # n=2: factor 1

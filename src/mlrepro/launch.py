@@ -368,7 +368,10 @@ def _preflight_failed(log_path: Path) -> bool:
     """The quick preflight inside the allocation (mlrepro.preflight.quick); True when this node failed it."""
     from mlrepro.preflight import quick
 
-    _, why = quick.check(log_path.parent)
+    try:
+        _, why = quick.check(log_path.parent)
+    except OSError:
+        return False  # an unwritable folder: the run's own log write reports it
     if why:
         with open(log_path, "a") as out:
             out.write(f"mlrepro: {why}\n")

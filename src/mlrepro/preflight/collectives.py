@@ -67,33 +67,38 @@ def run_nccl_tests(binary: Path, gpus: int, begin="8", end="128M", factor="2", t
     return parse_nccl_tests(out)
 
 
-def _time_allreduce(dist, torch, nbytes: int, warmup: int, iters: int) -> float:
-    x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device="cuda")
+def _time_allreduce(dist, torch, nbytes: int, warmup: int, iters: int, device: str) -> float:
+    x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(warmup):
         dist.all_reduce(x)
-    torch.cuda.synchronize()
+    sync()
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(x)
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t0) / iters
 
 
-def worker(rank: int, world: int, init: str, sizes: list[int], out: str | None, local_rank: int | None = None) -> list[dict]:
-    """One rank of the torch.distributed sweep; rank 0 returns (and writes to `out`) the rows."""
+def worker(rank: int, world: int, init: str, sizes: list[int], out: str | None, local_rank: int | None = None,
+           backend: str = "nccl") -> list[dict]:
+    """One rank of the torch.distributed sweep (NCCL on GPUs; gloo on CPUs, for tests); rank 0
+    returns (and writes to `out`) the rows."""
     import json
 
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank if local_rank is None else local_rank)
-    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
+    device = "cuda" if backend == "nccl" else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(rank if local_rank is None else local_rank)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     rows = []
     try:
         for nbytes in sizes:
             iters = 20 if nbytes >= 1 << 24 else 50
-            t = _time_allreduce(dist, torch, nbytes, warmup=5, iters=iters)
+            t = _time_allreduce(dist, torch, nbytes, warmup=5, iters=iters, device=device)
             algbw = nbytes / t / 1e9
             rows.append({"bytes": nbytes, "time_us": round(t * 1e6, 2), "algbw_gbps": round(algbw, 3),
                          "busbw_gbps": round(busbw(algbw, world), 3)})
@@ -110,7 +115,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def torch_sweep(gpus: int, sizes: list[int], workdir: Path) -> dict:
+def torch_sweep(gpus: int, sizes: list[int], workdir: Path, backend: str = "nccl") -> dict:
     """The sweep over this node's `gpus` GPUs through torch.distributed (one process per GPU)."""
     import json
 
@@ -120,8 +125,17 @@ def torch_sweep(gpus: int, sizes: list[int], workdir: Path) -> dict:
         return {"tool": NA, "why": f"{gpus} GPU(s): an all_reduce needs at least 2", "rows": []}
     out = workdir / "allreduce_rank0.json"
     init = f"tcp://127.0.0.1:{_free_port()}"
-    mp.spawn(worker, args=(gpus, init, sizes, str(out)), nprocs=gpus, join=True)
-    return {"tool": "torch.distributed all_reduce (NCCL)", "ranks": gpus, "rows": json.loads(out.read_text())}
+    mp.spawn(worker, args=(gpus, init, sizes, str(out), None, backend), nprocs=gpus, join=True)
+    return {"tool": f"torch.distributed all_reduce ({backend})", "ranks": gpus, "rows": json.loads(out.read_text())}
+
+
+def srun_sweep(sizes: list[int], out: Path) -> list[dict]:
+    """One rank per GPU across nodes, started by `srun --ntasks-per-node=<gpus>`: rank, world and
+    local GPU from Slurm, the rendezvous at MASTER_ADDR:MASTER_PORT (the first node of the job)."""
+    env = os.environ
+    init = f"tcp://{env['MASTER_ADDR']}:{env.get('MASTER_PORT', '29511')}"
+    return worker(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), init, sizes, str(out),
+                  local_rank=int(env["SLURM_LOCALID"]))
 
 
 def measure(gpus: int, sizes: list[int], workdir: Path, nccl_tests: Path | None = None) -> dict:

@@ -119,6 +119,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--root", default=".", help="the repository (config/, workflow/schemas/)")
     parser.add_argument("--out", help="folder for preflight.json (default results/preflight/<system>)")
     parser.add_argument("--quick", action="store_true", help="the seconds-long subset a seed runs before training")
+    parser.add_argument("--srun-allreduce", metavar="JSON",
+                        help="be one rank of an all_reduce sweep across nodes (under `srun --ntasks-per-node=<gpus>`, "
+                             "MASTER_ADDR set); rank 0 writes the rows to JSON")
 
 
 def run(args) -> int:
@@ -132,6 +135,10 @@ def run(args) -> int:
     except config.ConfigError as exc:
         print(f"error: {exc}")
         return 2
+    if args.srun_allreduce:
+        sweep = settings["sweep"]
+        collectives.srun_sweep(collectives.sweep(sweep["begin"], sweep["end"], sweep["factor"]), Path(args.srun_allreduce))
+        return 0
     out = Path(args.out) if args.out else root / "results" / "preflight" / args.system
     expected = system.gpus_per_node if system.device == "cuda" else None
     doc = preflight(args.system, settings, expected, out, quick=args.quick)
