@@ -43,6 +43,7 @@ def checklist(doc: dict) -> str:
                     "| bytes | busbw GB/s |", "|---|---|"]
             out += [f"| {r['bytes']} | {r['busbw_gbps']} |" for r in host["allreduce"]]
     out += ["", "## 3. Container", "",
-            "- Run seeds with `--ipc=host --ulimit memlock=-1 --ulimit stack=67108864` (seed 003); "
-            "the preflight inside the seed's allocation checks that the container sees its GPUs.", ""]
+            "- Seed 003's flags for a training container: `--gpus all --ipc=host --ulimit memlock=-1 "
+            "--ulimit stack=67108864`. This record is from the host; run `mlrepro preflight` inside the image "
+            "to check that the container sees its GPUs.", ""]
     return "\n".join(out)
