@@ -9,6 +9,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/corpus.smk"
+include: "workflow/rules/preflight.smk"
 
 
 rule all:

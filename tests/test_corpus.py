@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from mlrepro import config as mlrepro_config
-from mlrepro import data
+from mlrepro.data import checks
 from mlrepro.corpus import array, blend, concat, extract, indexed, minicorpus, preprocess, shards, stages
 from mlrepro.corpus import tokenizer as corpus_tokenizer
 
@@ -434,7 +434,7 @@ def test_hub_repository_source_with_a_token_by_name(tmp_path, monkeypatch):
         shards.download_share(all_shards, 0, 2, tmp_path / "dl", tmp_path / "t0.json", token_env="HF_TOKEN", hub=hub)
         assert len(srv.requests) == asked  # complete shards: no request at all
         monkeypatch.delenv("HF_TOKEN")
-        with pytest.raises(data.MissingTokenError, match="HF_TOKEN"):
+        with pytest.raises(checks.MissingTokenError, match="HF_TOKEN"):
             shards.download_share(all_shards, 1, 2, tmp_path / "dl2", tmp_path / "t.json", token_env="HF_TOKEN", hub=hub)
     assert reports[1]["missing"] == ["c1_s2.jsonl.zst"]
     assert (tmp_path / "dl" / "c1_s3.jsonl.zst").read_bytes() == files["train/chunk1/example_train_3.jsonl.zst"]

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 WALLTIME_EXIT = 124
 # What it returns when the run's log could not be written (disk full, read-only): the run is stopped.
 LOG_WRITE_EXIT = 125
+# What it returns when the quick preflight failed this node before training (mlrepro.preflight.quick).
+PREFLIGHT_EXIT = 126
 
 
 class _WallTime(Exception):
@@ -60,6 +62,8 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
     marker = child_env[proctree.MARKER]
     hide = secrets.redactor(child_env)
     write_error: list[str] = []
+    if _preflight_failed(Path(log_path)):
+        return PREFLIGHT_EXIT
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
             ["bash", "run_and_time.sh"],
@@ -217,6 +221,28 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     _check_exit(plan, rc, attempt, attempt_log, run_log)
 
 
+def _preflight_failed(log_path: Path) -> bool:
+    """The quick preflight inside the allocation (mlrepro.preflight.quick); True when this node failed it."""
+    from mlrepro.preflight import quick
+
+    try:
+        _, why = quick.check(log_path.parent)
+    except OSError:
+        return False  # an unwritable folder: the run's own log write reports it
+    if why:
+        with open(log_path, "a") as out:
+            out.write(f"mlrepro: {why}\n")
+    return why is not None
+
+
+def _preflight_reason(logdir: Path) -> str | None:
+    """Why the attempt's quick preflight failed its node (exit 126 is also bash's "cannot execute")."""
+    from mlrepro.preflight import quick
+
+    host = layout.read_json_if_exists(logdir / quick.RECORD)
+    return quick.reason(host) if host else None
+
+
 def _record_job(plan: SeedPlan, controller_pid: int, attempt: int, logdir: Path) -> None:
     """job.json of a local attempt: who waits on it (to stop it after a crash) and where it logs."""
     from mlrepro.util import proctree
@@ -232,12 +258,19 @@ def _record_job(plan: SeedPlan, controller_pid: int, attempt: int, logdir: Path)
 
 def _check_exit(plan: SeedPlan, rc: int, attempt: int, attempt_log: Path, run_log: Path) -> None:
     """Fail the seed, with its reason recorded, unless run_and_time ended with 0."""
+    from mlrepro.preflight import quick
+
     if rc == LOG_WRITE_EXIT:
         try:
             _probe_writable(attempt_log.parent)
         except OSError as exc:
             _io_failure(plan, exc)
         _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
+    if rc == PREFLIGHT_EXIT and (why := _preflight_reason(attempt_log.parent)):
+        host = layout.read_json_if_exists(attempt_log.parent / quick.RECORD)
+        record_failure(plan.seed_dir, why, state="PREFLIGHT_FAILED", attempt=attempt, suspect_nodes=[host["host"]],
+                       preflight=host)
+        raise SeedFailed(f"seed {plan.seed}: {why}; see {attempt_log.parent / quick.RECORD}")
     if rc == WALLTIME_EXIT:
         record_failure(plan.seed_dir, f"timeout: wall-time of {plan.walltime_minutes} min reached", state="TIMEOUT",
                        attempt=attempt)

@@ -26,7 +26,8 @@ from mlrepro.plan.workloads import Workload
 GB = 1e9
 
 # Cross entropy on bf16 logits: the logits (2 B), their fp32 copy and the fp32 softmax it keeps
-# for the backward (4 + 4 B) per vocabulary entry and token (Megatron's vocab-parallel loss).
+# for the backward (4 + 4 B) per vocabulary entry and token (Megatron's vocab-parallel loss);
+# Training.logit_bytes defaults to it.
 LOGIT_BYTES = 10
 
 
@@ -140,7 +141,7 @@ def estimate(w: Workload, lay: Layout) -> Memory:
     layers_per_stage = math.ceil(m.pipeline_units / lay.pp) if lay.pp > 1 else m.layers
     first = kept * layers_per_stage * inflight(lay) + transient
     tokens = lay.mbs * m.seq / lay.cp
-    logits = tokens * m.vocab * LOGIT_BYTES / lay.tp
+    logits = tokens * m.vocab * tr.logit_bytes / lay.tp
     last = kept * layers_per_stage + transient + logits
     if lay.pp == 1:
         activations, logit_part = kept * layers_per_stage + transient, logits

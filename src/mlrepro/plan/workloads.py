@@ -28,6 +28,10 @@ class Training:
     fp8_linear_inputs: bool = False  # Transformer Engine FP8 keeps the inputs of linears in 1 byte
     fp8_act_knob: bool = False  # FP8_ACT: store the SwiGLU input in FP8 (NVIDIA's llama2 LoRA)
     buffer_gb: float = 1.0  # cuBLAS workspaces, communication staging, allocator slack
+    # Bytes per vocabulary entry and token the loss keeps: 10 for Megatron's vocab-parallel cross
+    # entropy (mlrepro.plan.memory.LOGIT_BYTES); a fused (compiled) loss keeps the bf16 logits and
+    # their bf16 gradient only: 4 (the baseline probe, mlrepro.baseline.probe).
+    logit_bytes: int = 10  # = memory.LOGIT_BYTES (memory imports this module)
     # Share of TP communication hidden behind GEMMs (Transformer Engine's userbuffers overlap,
     # which NVIDIA's configs turn on: TP_COMM_OVERLAP, MC_TP_OVERLAP_AG/RS). Plain Megatron: 0.
     tp_comm_overlap: float = 0.0

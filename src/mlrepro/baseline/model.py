@@ -1,0 +1,50 @@
+"""A GPT in plain PyTorch for the probe: fused QKV, no biases, SDPA (flash) attention, tied embeddings."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlrepro.plan.models import ModelShape
+
+
+class Block(nn.Module):
+    def __init__(self, h: int, heads: int, ffn: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(h, bias=False)
+        self.qkv = nn.Linear(h, 3 * h, bias=False)
+        self.proj = nn.Linear(h, h, bias=False)
+        self.ln2 = nn.LayerNorm(h, bias=False)
+        self.fc1 = nn.Linear(h, ffn, bias=False)
+        self.fc2 = nn.Linear(ffn, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.wte = nn.Embedding(shape.vocab, shape.hidden)
+        self.wpe = nn.Embedding(shape.seq, shape.hidden)
+        self.blocks = nn.ModuleList(Block(shape.hidden, shape.heads, shape.ffn_hidden) for _ in range(shape.layers))
+        self.ln_f = nn.LayerNorm(shape.hidden, bias=False)
+        for p in self.parameters():
+            nn.init.normal_(p, std=0.02) if p.dim() > 1 else None
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.loss(x, targets)
+
+    def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # tied output layer
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))

@@ -1,0 +1,125 @@
+"""Measure one probe run: compiled GPT, bf16/fp16 autocast, fused AdamW; time, TFLOP/s, MFU, peak memory.
+
+Recipe (what the memory model is told, see `workload`): fp32 parameters and gradients (the
+gradients stay allocated between steps: zero_grad(set_to_none=False)), AdamW's two fp32 moments,
+autocast to bf16/fp16 for the matmuls, SDPA for causal attention (flash, or cuDNN's kernel), each
+transformer block compiled on its own (one compiled graph serves all layers: compile time does
+not grow with depth), the loss compiled (fused: bf16 logits and their gradient only), and
+gradient accumulation to the global batch as in seed 003 (GBS 128 = MBS 4 x GA 16 x DP 2).
+"""
+
+from __future__ import annotations
+
+import time
+
+from mlrepro.plan import hardware, memory, models
+from mlrepro.plan.layout import Layout
+from mlrepro.plan.workloads import Training, Workload
+
+GIB = 2**30
+
+
+def workload(shape: models.ModelShape, mbs: int, ga: int = 1) -> tuple[Workload, Layout]:
+    """The probe described to the planner's memory model (mlrepro.plan.memory)."""
+    training = Training(param_bytes=4, grad_bytes=4, optimizer_bytes=8, distributed_optimizer=False,
+                        dropout=False, flash_attention=True, logit_bytes=4)
+    return Workload(name=shape.name, model=shape, training=training, gbs=mbs * ga), Layout(mbs=mbs, ga=ga)
+
+
+def predicted_gib(shape: models.ModelShape, mbs: int, ga: int = 1) -> float:
+    w, lay = workload(shape, mbs, ga)
+    return memory.estimate(w, lay).total / GIB
+
+
+def _step_fn(torch, model, opt, scaler, dtype, ga: int):
+    def step(x, y):
+        for _ in range(ga):
+            with torch.autocast("cuda", dtype=dtype):
+                loss = model(x, y) / ga
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=False)
+        return loss.detach() * ga
+    return step
+
+
+def _attention(torch, backend: str) -> None:
+    """SDPA's backend for the run: flash (PyTorch's default on H100) or cuDNN's fused attention."""
+    torch.backends.cuda.enable_flash_sdp(backend == "flash")
+    torch.backends.cuda.enable_cudnn_sdp(backend == "cudnn")
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_math_sdp(False)
+
+
+def measure(model_name: str, precision: str = "bf16", mbs: int = 8, steps: int = 10, warmup: int = 4,
+            ga: int = 1, attention: str = "flash", compile_mode: str = "default") -> dict:
+    """One run on cuda:0: the baseline.json row for it."""
+    import torch
+
+    from mlrepro.baseline import flops
+    from mlrepro.baseline.model import GPT
+
+    if precision == "fp8":
+        raise ValueError("fp8 needs Transformer Engine, which the portable probe does not use")
+    shape = models.model(model_name)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    _attention(torch, attention)
+    torch.cuda.reset_peak_memory_stats()
+    with torch.device("cuda"):  # initialised on the GPU: 1.3B parameters take half a minute on the CPU
+        model = GPT(shape)
+    for block in model.blocks:
+        block.compile(mode=compile_mode)
+    model.loss = torch.compile(model.loss, mode=compile_mode)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    step = _step_fn(torch, model, opt, scaler, dtype, ga)
+    x = torch.randint(0, shape.vocab, (mbs, shape.seq), device="cuda")
+    y = torch.roll(x, -1, 1)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step(x, y)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    static = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step(x, y)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    peak = torch.cuda.max_memory_allocated() / GIB
+    gpu = torch.cuda.get_device_name(0)
+    ref = hardware.gpu_model(gpu)
+    peak_tflops = ref.peak_tflops_bf16 if ref else float("nan")
+    gbs = mbs * ga
+    tflops = flops.megatron(shape, gbs) / dt / 1e12
+    predicted = predicted_gib(shape, mbs, ga)
+    return {
+        "workload": "probe", "model": shape.name, "precision": precision, "tp": 1, "pp": 1, "dp": 1,
+        "mbs": mbs, "gbs": gbs, "seq": shape.seq, "iter_time_s": round(dt, 4),
+        "samples_per_s": round(gbs / dt, 2), "tokens_per_s": round(gbs * shape.seq / dt), "attention": attention,
+        "compile_mode": compile_mode,
+        "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops / peak_tflops, 4),
+        "peak_mem_gib": round(peak, 2), "predicted_mem_gib": round(predicted, 2),
+        "mem_error_pct": round(100 * (predicted - peak) / peak, 1),
+        "static_mem_gib": round(static / GIB, 2), "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 2),
+        "params": sum(p.numel() for p in model.parameters()), "gpu": gpu, "peak_tflops": peak_tflops,
+        "tflops_narayanan": round(flops.narayanan(shape, gbs) / dt / 1e12, 1), "warmup_s": round(compile_s, 1),
+        "loss": round(float(loss), 3), "predicted_breakdown_gib": {k: round(v * 1e9 / GIB, 2) for k, v in
+                                                                  memory.estimate(*workload(shape, mbs, ga)).as_gb().items()},
+    }
+
+
+def free(torch) -> None:
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch._dynamo.reset()
+

@@ -1,0 +1,67 @@
+"""Seed 003's "Baseline Performance Report": the table in HTML and Markdown (pandas) and a plot (matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COLUMNS = {
+    "model": "Model", "precision": "Precision Setting", "attention": "Attention", "mbs": "MBS", "gbs": "GBS",
+    "iter_time_s": "Iteration Time (s)", "samples_per_s": "Throughput (samples/s)",
+    "tflops_per_gpu": "Achieved TFLOPs (per GPU)", "mfu_pct": "MFU (%)", "peak_mem_gib": "Peak Memory (GiB/GPU)",
+    "predicted_mem_gib": "Predicted Memory (GiB)", "mem_error_pct": "Memory Error (%)",
+}
+
+
+def table(doc: dict):
+    import pandas as pd
+
+    df = pd.DataFrame(doc["runs"])
+    df["mfu_pct"] = (100 * df["mfu"]).round(1)
+    peak = df["peak_tflops"].iloc[0] if "peak_tflops" in df else None
+    cols = [c for c in COLUMNS if c in df]
+    return df[cols].rename(columns={**COLUMNS, "mfu_pct": f"MFU (% of {peak:g} TFLOP/s)" if peak else "MFU (%)"})
+
+
+def header(doc: dict) -> str:
+    r0 = doc["runs"][0] if doc["runs"] else {}
+    return (f"Baseline Performance Report: {doc['system']} ({r0.get('gpu', '?')}); TP1 PP1 DP1, seq {r0.get('seq')}; "
+            f"FLOPs: {doc.get('flops_formula', '')}")
+
+
+def write(doc: dict, md_path: Path, html_path: Path, plot_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mlrepro.util.fsutil import atomic_write_text
+
+    if not doc["runs"]:
+        why = doc.get("why", "no run succeeded (see baseline.json)")
+        atomic_write_text(md_path, f"# Baseline Performance Report: {doc['system']}\n\n{why}\n")
+        atomic_write_text(html_path, f"<html><body><h1>Baseline Performance Report</h1><p>{why}</p></body></html>\n")
+        fig = plt.figure(figsize=(6, 1))
+        fig.text(0.5, 0.5, why, ha="center")
+        fig.savefig(plot_path)
+        plt.close(fig)
+        return
+    df = table(doc)
+    title = header(doc)
+    atomic_write_text(md_path, f"# {title}\n\n" + df.to_markdown(index=False) + "\n")
+    atomic_write_text(html_path, f"<html><body><h1>Baseline Performance Report</h1><p>{title}</p>"
+                                 + df.to_html(index=False) + "</body></html>\n")
+    runs = doc["runs"]
+    labels = [f"{r['model']} {r['precision']} {r.get('attention', '')} mbs{r['mbs']}" for r in runs]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    a.barh(labels, [100 * r["mfu"] for r in runs])
+    a.set_xlabel("MFU (%)")
+    a.axvline(55, ls="--", c="k", lw=1)
+    y = range(len(runs))
+    b.barh([i - 0.2 for i in y], [r["peak_mem_gib"] for r in runs], height=0.4, label="measured")
+    b.barh([i + 0.2 for i in y], [r["predicted_mem_gib"] for r in runs], height=0.4, label="predicted (plan.memory)")
+    b.set_yticks(list(y), labels)
+    b.set_xlabel("peak memory (GiB)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(plot_path)
+    plt.close(fig)

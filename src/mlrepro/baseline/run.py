@@ -1,0 +1,73 @@
+"""Run the baseline probe's configured sizes on this node and write baseline.json + the report; `mlrepro baseline`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from mlrepro.util.fsutil import atomic_write_json
+
+log = logging.getLogger("mlrepro.baseline")
+
+FORMULA = ("Megatron-LM num_floating_point_operations (commit d98e8a6): 72 B s L h^2 (1 + s/(12h) + V/(12 L h)); "
+           "seed 003's 16 B s L h^2 (1 + s/(6h)) undercounts 4.5x (mlrepro.baseline.flops)")
+
+
+def baseline(system: str, settings: dict, out_dir: Path) -> dict:
+    """Every configured run (an error is recorded in its row, the others still run)."""
+    import torch
+
+    from mlrepro.baseline import probe, report
+
+    b = settings["baseline"]
+    runs = []
+    if not torch.cuda.is_available():
+        doc = {"system": system, "runs": [], "why": "not applicable: no CUDA GPU on this node", "flops_formula": FORMULA}
+    else:
+        start = time.monotonic()
+        for spec in b["runs"]:
+            t0 = time.monotonic()
+            if t0 - start > b["budget_s"]:
+                runs.append({**spec, "error": f"skipped: the baseline's budget of {b['budget_s']} s was spent"})
+                continue
+            try:
+                row = probe.measure(spec["model"], spec["precision"], spec["mbs"], steps=b["steps"], warmup=b["warmup"],
+                                    ga=spec["ga"], attention=spec["attention"], compile_mode=spec["compile_mode"])
+            except Exception as exc:  # an OOM or a missing kernel costs that row, not the report
+                log.exception("baseline run %s failed", spec)
+                row = {**spec, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            row["wall_s"] = round(time.monotonic() - t0, 1)
+            log.info("%s", json.dumps(row))
+            runs.append(row)
+            probe.free(torch)
+        doc = {"system": system, "runs": runs, "flops_formula": FORMULA}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "baseline.json", doc)
+    good = {**doc, "runs": [r for r in doc["runs"] if "error" not in r]}
+    report.write(good, out_dir / "baseline_report.md", out_dir / "baseline_report.html", out_dir / "baseline.png")
+    return doc
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--system", default="local", help="names the results folder")
+    parser.add_argument("--root", default=".", help="the repository (config/preflight.yaml)")
+    parser.add_argument("--out", help="folder (default results/baseline/<system>)")
+
+
+def run(args) -> int:
+    from mlrepro import config
+    from mlrepro.preflight.run import load_settings
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    root = Path(args.root).resolve()
+    try:
+        settings = load_settings(root)
+    except config.ConfigError as exc:
+        print(f"error: {exc}")
+        return 2
+    out = Path(args.out) if args.out else root / "results" / "baseline" / args.system
+    doc = baseline(args.system, settings, out)
+    print(f"written: {out / 'baseline.json'} ({len(doc['runs'])} runs)")
+    return 0
