@@ -82,3 +82,17 @@ def a100(memory_gb: int, gpus: int) -> SystemFacts:
                         gpu_memory_gb=memory_gb, peak_tflops=312, nvlink_domain=8, nvlink_busbw_gbs=313,
                         network_busbw_gbs=23)
     return facts.with_gpus(gpus)
+
+
+# Dense BF16 tensor-core peaks per GPU from the datasheets the system files cite (half the
+# with-sparsity figure); matched against the name nvidia-smi or a log reports, longest key first.
+DATASHEET_PEAK_BF16 = {"GB200": 2500.0, "B200": 2250.0, "H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+
+def datasheet_peak_tflops(gpu_name: str) -> float:
+    """The dense BF16 peak of a GPU named like 'NVIDIA H100 80GB HBM3'; KeyError for an unknown one."""
+    upper = gpu_name.upper()
+    for key in sorted(DATASHEET_PEAK_BF16, key=len, reverse=True):
+        if key in upper:
+            return DATASHEET_PEAK_BF16[key]
+    raise KeyError(f"no datasheet BF16 peak for GPU {gpu_name!r}; known: {', '.join(DATASHEET_PEAK_BF16)}")

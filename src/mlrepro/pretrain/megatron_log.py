@@ -26,7 +26,8 @@ _ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
 _FIELD = re.compile(r"([A-Za-z][A-Za-z0-9 _/()\-.]*?):\s*([-+0-9.eEnaNifINF]+)\s*\|")
 _VALID = re.compile(r"validation(?:-\S+)? loss at iteration (\d+)(?: on validation set)?\s*\|(.*)")
 _MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(MB\)\s*\|(.*)")
-_START = re.compile(r"\[before the start of training step\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+_START = re.compile(r"\[before the start of training step\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+_ARG = re.compile(r"^\s{2}(\w+) \.{3,} (.*?)\s*$")  # the arguments block Megatron prints at start
 _NEMO_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_ ]*?)=([-+0-9.eE]+|nan|inf)(?=[,\]\s])")
 
 
@@ -61,6 +62,7 @@ class TrainingLog:
     max_allocated_mb: float | None = None
     max_reserved_mb: float | None = None
     start: datetime | None = None
+    args: dict[str, str] = dataclasses.field(default_factory=dict)
     problems: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -107,7 +109,10 @@ def parse_lines(lines) -> TrainingLog:
         line = _PREFIX.sub("", _ANSI.sub("", raw.rstrip("\n")), count=1)
         if (m := _START.search(line)) and log.start is None:
             log.start = datetime.fromisoformat(m.group(1))
-        if (it := _megatron_iteration(line)) is not None:
+            continue
+        if (m := _ARG.match(line)) and not log.iterations:
+            log.args.setdefault(m.group(1), m.group(2))
+        elif (it := _megatron_iteration(line)) is not None:
             log.source = "megatron"
             log.iterations.append(it)
             last_time = it.time or last_time
