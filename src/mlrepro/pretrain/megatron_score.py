@@ -11,14 +11,18 @@ the training loss by iteration for the reference-band check.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
-from mlrepro.pretrain.megatron_log import TrainingLog, parse_log
+from mlrepro.fsutil import atomic_write_json
 from mlrepro.plan import hardware
+from mlrepro.pretrain.megatron_log import TrainingLog, parse_log
 
-STEADY_SKIP = 1  # log intervals left out of the steady state (the first holds warm-up and allocation)
+STEADY_SKIP = 2  # log lines left out of the steady state: iteration 1 and the first interval (warm-up, allocation)
 
 
 def _arg(log: TrainingLog, key: str) -> float | None:
@@ -111,3 +115,50 @@ def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None 
                                  model_flops_per_iter=model_flops_per_iter),
         "curve": [[i.iteration, i.lm_loss] for i in log.iterations if i.lm_loss is not None],
     }
+
+
+def check_reference(record: dict, reference: str | Path, tolerance: float | None = None,
+                    plot_to: str | Path | None = None) -> dict:
+    """Add `loss_band` (and a `flags` entry naming the step when the loss leaves the band)."""
+    from mlrepro.pretrain import loss_band
+
+    band = loss_band.load_reference(reference, tolerance)
+    result = loss_band.check(record["curve"], band)
+    record["loss_band"] = {**dataclasses.asdict(result), "reference": str(reference), "message": result.message()}
+    if not result.inside:
+        record.setdefault("flags", []).append(result.message())
+    if plot_to is not None:
+        loss_band.plot(record["curve"], band, result, plot_to, title=Path(record["file"]).name)
+        record["loss_band"]["plot"] = str(plot_to)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlrepro.pretrain.megatron_score", description=__doc__.splitlines()[0])
+    parser.add_argument("log")
+    parser.add_argument("--target-loss", type=float, required=True, help="validation loss that counts as converged")
+    parser.add_argument("--gpu", help="GPU name (e.g. 'NVIDIA H100 80GB HBM3') for MFU against its datasheet peak")
+    parser.add_argument("--gpus", type=int, help="GPUs of the run (default: the log's world_size)")
+    parser.add_argument("--reference", help="reference loss curve CSV (iteration,loss[,lower,upper])")
+    parser.add_argument("--tolerance", type=float, help="relative band when the reference has no lower/upper")
+    parser.add_argument("--plot", help="write the loss-vs-band plot here (.png or .svg)")
+    parser.add_argument("--out", help="write the run record (JSON) here")
+    args = parser.parse_args(argv)
+    record = score_training_log(args.log, target_loss=args.target_loss, gpu=args.gpu, gpus=args.gpus)
+    if args.reference:
+        check_reference(record, args.reference, args.tolerance, args.plot)
+    if args.out:
+        atomic_write_json(args.out, record)
+    t = record["throughput"]
+    fmt = lambda x, spec: "n/a" if x is None else format(x, spec)  # noqa: E731
+    print(f"{record['file']}: {record['status']}, target reached: {record['target_reached']}, "
+          f"minutes to target: {fmt(record['minutes'], '.2f')}; {fmt(t['tokens_per_s'], ',.0f')} tokens/s, "
+          f"{fmt(t['tflops_per_gpu'], '.1f')} TFLOP/s/GPU, MFU {fmt(t['mfu'], '.1%')}, "
+          f"peak memory {fmt(t['peak_mem_gib'], '.1f')} GiB")
+    for flag in record.get("flags", []):
+        print("FLAG:", flag)
+    return 0 if record["counted"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
