@@ -90,6 +90,13 @@ def plan(v: Variant, facts: hardware.SystemFacts) -> Planned:
             facts = facts.with_gpus(gpus)
         except ValueError as exc:
             raise Refused(f"{v.name}: {exc}") from None
+        m = w.model
+        broken = search.broken_rule(m, gpus, v.tp, 1, v.pp)
+        if broken:
+            raise Refused(f"{v.name} (TP{v.tp} PP{v.pp} DP{v.dp}) breaks a rule: {search.REASONS[broken]} "
+                          f"({m.name}: {m.heads} heads, {m.pipeline_units} layers)")
+        if v.tp > facts.nvlink_domain:
+            raise Refused(f"{v.name}: {search.REASONS['nvlink']} (TP{v.tp} > {facts.nvlink_domain} GPUs)")
     try:
         p = search.plan(w, facts, fixed=fixed or None, top=1)
     except search.PlanError as exc:
