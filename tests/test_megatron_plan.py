@@ -62,7 +62,8 @@ def test_plans_print_shape_layout_walltime_and_launch_line(corpus):
     assert argv[argv.index("--vocab-file") + 1] == "/data/tokenizer/vocab.json"
 
 
-@pytest.mark.parametrize("benchmark", ["gpt_126m", "gpt_1p3b", "gpt_13b", "gpt_175b"])
+@pytest.mark.parametrize("benchmark", ["gpt_126m", "gpt_126m_deepspeed", "gpt_1p3b", "gpt_8b", "gpt_8b_nemo",
+                                       "gpt_13b", "gpt_175b"])
 def test_every_layout_plans_on_the_h100_cluster(benchmark, corpus):
     text, refused = _render(benchmark, "dgxh100-64x8", corpus)
     assert not refused
@@ -102,7 +103,7 @@ def test_cli_exit_codes(corpus, capsys):
 
 
 def test_nemo_variant_renders_seed_001_command(corpus):
-    text, _ = _render("gpt_8b", "dgxh100-64x8", corpus, "nemo-7b-improved")
+    text, _ = _render("gpt_8b_nemo", "dgxh100-64x8", corpus, "nemo-7b-improved-8x8")
     head, cmd = text.splitlines()
     assert "8 node(s) x 8 GPUs" in head and "TP2 PP1 DP32" in head and "300,000 iterations" in head
     argv = cmd.split()
@@ -119,14 +120,14 @@ def test_nemo_variant_renders_seed_001_command(corpus):
 
 
 def test_deepspeed_variant_renders_ds_config(corpus):
-    text, _ = _render("gpt_1p3b", "dgxh100-64x8", corpus, "gpt-1-3b-4xdp-4xpp-deepspeed")
+    text, _ = _render("gpt_126m_deepspeed", "dgxh100-64x8", corpus, "gpt-125m-4xdp")
     head, ds, cmd = text.splitlines()
     config = json.loads(ds.split(": ", 1)[1])
-    assert ds.strip().startswith("ds_config.json (gpt-1-3b-4xdp-4xpp-deepspeed.yaml)")
-    assert config["train_batch_size"] == 512
+    assert ds.strip().startswith("ds_config.json (gpt-125m-4xdp.yaml)")
+    assert config["train_batch_size"] == 256
     assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * 4
     argv = shlex.split(cmd)
-    assert argv[:4] == ["deepspeed", "--num_nodes=2", "--num_gpus=8", "pretrain_gpt.py"]
+    assert argv[:4] == ["deepspeed", "--num_nodes=1", "--num_gpus=4", "pretrain_gpt.py"]
     assert argv[-5:] == ["--deepspeed", "--deepspeed_config", "ds_config.json", "--zero-stage", "1"]
 
 

@@ -221,6 +221,38 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     return "\n".join(out), refused
 
 
+def is_pretrain(root: Path, benchmark: str) -> bool:
+    path = root / "config" / "benchmarks" / f"{benchmark}.yaml"
+    return path.is_file() and bool((mlrepro_config.load_yaml(path) or {}).get("pretrain"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedPlan:
+    """What the workflow's train rule asks of a seed (the attributes of launch.SeedPlan it reads)."""
+    describe: str
+    walltime_minutes: int
+    local_threads: int = 1
+    local_mem_mb: int = 100
+
+
+def seed_plan(root: Path, benchmark: str, system: str, corpus_dir: Path | None = None) -> SeedPlan:
+    """The benchmark's first layout that fits the system, as the dry run's one-line plan of a seed;
+    Refused (naming every layout's reason) when none fits, so the DAG stops before any job."""
+    sysconf = mlrepro_config.load_system(root, system)
+    facts = hardware.from_system(sysconf)
+    reasons = []
+    for v in variants(root, benchmark).values():
+        try:
+            p = plan(v, facts)
+        except Refused as exc:
+            reasons.append(str(exc))
+            continue
+        prefix, vocab, merges = data_prefix_of(corpus_dir or root / "resources" / "corpora" / "mini_corpus")
+        lines = describe(p, sysconf.scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
+        return SeedPlan(" | ".join(x.strip() for x in lines), math.ceil(p.hours * 60) + 10)
+    raise Refused(f"{benchmark} cannot run on system {system!r}: " + "; ".join(reasons))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlrepro.pretrain.megatron_plan", description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", help="config/benchmarks/<name>.yaml with a pretrain: block, e.g. gpt_13b")
