@@ -163,3 +163,16 @@ def test_cli_writes_run_record(tmp_path, capsys):
     rec = json.loads(out.read_text())
     assert rec["converged"] and rec["loss_band"]["inside"]
     assert "TFLOP/s/GPU, MFU 16." in capsys.readouterr().out
+
+
+def test_band_flag_reaches_the_report():
+    from mlrepro import report, scoring
+
+    rec = megatron_score.score_training_log(SDPA, target_loss=4.0, gpu=H100)
+    bad = dict(rec, curve=[[i, v * (1.2 if i >= 150 else 1.0)] for i, v in rec["curve"]])
+    megatron_score.check_reference(bad, REFERENCE)
+    rules = scoring.rules_for("gpt_126m", required_runs=1, target={"metric": "val_loss", "value": 4.0,
+                                                                   "direction": "below"})
+    score = scoring.score_runs([], rules, runs=[bad], run_compliance=False)
+    html = report.render_report(score, logs=[])
+    assert "FLAG: loss leaves the reference band at step 150" in html
