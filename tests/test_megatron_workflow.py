@@ -19,13 +19,14 @@ pytestmark = [pytest.mark.slow]
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     ws = make_workspace(tmp_path_factory.mktemp("megatron") / "ws")
-    corpus = ws / "resources" / "corpora" / "mini_corpus"
-    prefix = corpus / "preprocessed" / "train_chunk_0_text_document"
-    prefix.parent.mkdir(parents=True)
-    w = indexed.IndexedWriter(f"{prefix}.bin")
-    w.add_document(np.arange(64, dtype=np.uint16))
-    w.finalize(f"{prefix}.idx")
-    blend.write_blend([str(prefix)], corpus / "data_prefix.json")
+    for name in ("mini_corpus", "slimpajama"):  # gpt_126m* read the miniature, the larger GPTs SlimPajama
+        corpus = ws / "resources" / "corpora" / name
+        prefix = corpus / "preprocessed" / "train_chunk_0_text_document"
+        prefix.parent.mkdir(parents=True)
+        w = indexed.IndexedWriter(f"{prefix}.bin")
+        w.add_document(np.arange(64, dtype=np.uint16))
+        w.finalize(f"{prefix}.idx")
+        blend.write_blend([str(prefix)], corpus / "data_prefix.json")
     return ws
 
 

@@ -61,6 +61,12 @@ class Planned:
         return self.step_s * self.iterations / 3600
 
 
+def benchmark_corpus_dir(root: Path, benchmark: str) -> Path:
+    """resources/corpora/<corpus>/ of the benchmark's corpus (pretrain.corpus, mini_corpus by default)."""
+    data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
+    return root / "resources" / "corpora" / (data.get("pretrain") or {}).get("corpus", "mini_corpus")
+
+
 def variants(root: Path, benchmark: str) -> dict[str, Variant]:
     """The layouts a benchmark's `pretrain:` block lists, by name."""
     data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
@@ -206,7 +212,7 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     table = variants(root, benchmark)
     if variant and variant not in table:
         raise Refused(f"{benchmark} has no layout {variant!r}; it has {', '.join(table)}")
-    corpus_dir = corpus_dir or root / "resources" / "corpora" / "mini_corpus"
+    corpus_dir = corpus_dir or benchmark_corpus_dir(root, benchmark)
     prefix, vocab, merges = data_prefix_of(corpus_dir)
     out, refused = [], []
     if prefix is None:
@@ -247,7 +253,7 @@ def seed_plan(root: Path, benchmark: str, system: str, corpus_dir: Path | None =
         except Refused as exc:
             reasons.append(str(exc))
             continue
-        prefix, vocab, merges = data_prefix_of(corpus_dir or root / "resources" / "corpora" / "mini_corpus")
+        prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, benchmark))
         lines = describe(p, sysconf.scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
         return SeedPlan(" | ".join(x.strip() for x in lines), math.ceil(p.hours * 60) + 10)
     raise Refused(f"{benchmark} cannot run on system {system!r}: " + "; ".join(reasons))
