@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -176,3 +177,20 @@ def test_band_flag_reaches_the_report():
     score = scoring.score_runs([], rules, runs=[bad], run_compliance=False)
     html = report.render_report(score, logs=[])
     assert "FLAG: loss leaves the reference band at step 150" in html
+
+
+def test_mlrepro_score_takes_megatron_logs(tmp_path, capsys):
+    from mlrepro import cli
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    shutil.copy(SDPA, runs / "seed_1.log")
+    (runs / "notes.txt").write_text("iteration counts are in the log\n")  # neither MLLOG nor a training log
+    out = tmp_path / "score.json"
+    rc = cli.main(["score", str(runs), "--benchmark", "gpt_126m", "--target", "val_loss<=4.0",
+                   "--required-runs", "1", "--json", str(out)])
+    score = json.loads(out.read_text())
+    assert rc == 0 and score["valid"], capsys.readouterr().out
+    assert [Path(r["file"]).name for r in score["runs"]] == ["seed_1.log"]
+    assert score["score_minutes"] == pytest.approx(score["runs"][0]["minutes"])
+    assert score["runs"][0]["throughput"]["tokens_per_s"] > 0

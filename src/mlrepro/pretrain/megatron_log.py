@@ -153,3 +153,18 @@ def _nemo_line(log: TrainingLog, pairs: dict[str, float | None]) -> None:
 def parse_log(path: str | Path) -> TrainingLog:
     with open(path, encoding="utf-8", errors="replace") as fh:
         return parse_lines(fh)
+
+
+_SNIFF = re.compile(rb"\biteration\s+\d+/\s*\d+\s*\|\s*consumed samples|global_step=\d")
+
+
+def is_training_log(path: str | Path, limit: int = 8 << 20) -> bool:
+    """Whether the file holds a Megatron-LM or NeMo training line in its first `limit` bytes (cheap sniff;
+    False for anything but a regular file, so a FIFO in a scanned folder cannot hang the scan)."""
+    from mlrepro.mllog import open_regular
+
+    try:
+        with open_regular(path) as fh:
+            return bool(_SNIFF.search(fh.read(limit)))
+    except OSError:
+        return False
