@@ -167,3 +167,12 @@ def test_schema_rejects_bad_pretrain_block(tree):
     with pytest.raises(mlrepro_config.ConfigError, match=r"gpt_13b.yaml.*\n.*pretrain.layouts.1.*tq"):
         mlrepro_config.load_benchmark(tree, "gpt_13b")
     assert mlrepro_config.load_benchmark(tree, "gpt_126m").name == "gpt_126m"
+
+
+def test_model_family_flags():
+    gpt = megatron_launch.model_args("gpt-126m", Layout())
+    assert "--swiglu" not in gpt and "--position-embedding-type" not in gpt
+    big = megatron_launch.model_args("gpt-8b", Layout(tp=2))
+    assert big[big.index("--ffn-hidden-size") + 1] == "10880"
+    assert {"--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"} <= set(big)
+    assert big[big.index("--position-embedding-type") + 1] == "rope"

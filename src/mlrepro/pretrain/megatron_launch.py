@@ -59,7 +59,14 @@ def model_args(model: str, layout: Layout) -> list[str]:
     shape = models.model(model)
     w = workloads.gpt(shape.name, layout.gbs)
 
-    return megatron_args(types.SimpleNamespace(workload=w, layout=layout))  # reads only these two
+    args = megatron_args(types.SimpleNamespace(workload=w, layout=layout))  # reads only these two
+    if shape.mlp == "swiglu":  # the 7b_improved/Llama family: SwiGLU, no linear biases
+        args += ["--swiglu", "--disable-bias-linear"]
+    if not shape.learned_positions:
+        args += ["--position-embedding-type", "rope"]
+    if not shape.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    return args
 
 
 def pretrain_args(run: Run) -> list[str]:
