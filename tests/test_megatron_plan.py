@@ -176,3 +176,16 @@ def test_model_family_flags():
     assert big[big.index("--ffn-hidden-size") + 1] == "10880"
     assert {"--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"} <= set(big)
     assert big[big.index("--position-embedding-type") + 1] == "rope"
+
+
+def test_one_machine_gets_torchrun(tree, corpus):
+    (tree / "config" / "systems" / "h100-box.yaml").write_text(
+        "name: h100-box\nscheduler: local\nnodes: 1\ngpus_per_node: 1\ndevice: cuda\ncontainer_runtime: none\n"
+        "hardware: {gpu: NVIDIA H100 80GB HBM3, gpu_memory_gb: 80, peak_tflops_bf16: 989, nvlink_domain_gpus: 1,\n"
+        "           nvlink_busbw_gbs: 1, network_busbw_gbs: 1}\n")
+    text, refused = megatron_plan.render(tree, "gpt_126m", "h100-box", None, corpus)
+    assert "gpt-125m on h100-box: 1 node(s) x 1 GPUs" in text
+    launch = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("torchrun")]
+    assert launch and shlex.split(launch[0])[:3] == ["torchrun", "--standalone", "--nproc-per-node=1"]
+    assert refused == ["gpt-125m-2xdp needs 2 GPUs (TP1 x PP1 x DP2); h100-box has 1",
+                       "gpt-125m-4xdp needs 4 GPUs (TP1 x PP1 x DP4); h100-box has 1"]
