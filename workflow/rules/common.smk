@@ -5,6 +5,7 @@ from mlrepro import layout
 from mlrepro.launch import plan as launch
 from mlrepro import systems as mlrepro_systems
 from mlrepro.util.fsutil import private_umask
+from mlrepro.pretrain import megatron_plan
 
 
 # Read strictly first: Snakemake's own loader names no file on a YAML error and keeps the
@@ -56,9 +57,12 @@ def bench(name):
     """
     try:
         key = (name, mlrepro_systems.implementation_known(SETTINGS.root, SETTINGS.benchmark(name)))
-        if key not in _CHECKED:
+        if key not in _CHECKED and megatron_plan.is_pretrain(SETTINGS.root, name):
+            megatron_plan.seed_plan(SETTINGS.root, name, SYSTEM.name)  # GPT pretraining: the planner decides
+            _CHECKED[key] = SETTINGS.benchmark(name)
+        elif key not in _CHECKED:
             _CHECKED[key] = mlrepro_systems.check(SETTINGS, name)
-    except mlrepro_config.ConfigError as error:
+    except (mlrepro_config.ConfigError, megatron_plan.Refused) as error:
         raise config_error(error) from None
     return _CHECKED[key]
 
@@ -104,6 +108,8 @@ def seed_plan(wc, attribute):
     Until a git implementation is fetched its configs are unknown: Snakemake asks before the
     checkpoint has run, gets a placeholder, and asks again once it has.
     """
+    if megatron_plan.is_pretrain(SETTINGS.root, bench(wc.benchmark).name):
+        return getattr(megatron_plan.seed_plan(SETTINGS.root, wc.benchmark, SYSTEM.name), attribute)
     if not mlrepro_systems.implementation_known(SETTINGS.root, bench(wc.benchmark)):
         return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
                 "local_mem_mb": 100, "walltime_minutes": 60}[attribute]
@@ -143,5 +149,9 @@ def implementation_files(wc):
     from mlrepro.container import image as container
 
     ready = implementation_ready(wc)
-    folder = launch.implementation_config(bench(wc.benchmark), SYSTEM).path.parent
+    b = bench(wc.benchmark)
+    if megatron_plan.is_pretrain(SETTINGS.root, b.name):
+        folder = b.implementation_dir  # one folder for every layout: the planner, not config_<SYS>.sh, sets it
+    else:
+        folder = launch.implementation_config(b, SYSTEM).path.parent
     return ready + [str(folder / p) for p in container.context_files(folder)]

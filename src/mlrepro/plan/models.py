@@ -94,12 +94,16 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     _gpt("gpt-20b", 44, 6144, 48),  # NeMo gpt3/20b
     _gpt("gpt-40b", 48, 8192, 64),  # NeMo gpt3/40b
     _gpt("gpt-175b", 96, 12288, 96),
+    # NeMo's gpt3/7b_improved (seed 001, "equivalent to an 8B"): SwiGLU FFN 10880, RoPE, no biases,
+    # untied output layer, sequence 2048, GPT-2 BPE padded to 50,304.
+    ModelShape(name="gpt-8b", layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=10880, vocab=50304,
+               seq=2048, mlp="swiglu", learned_positions=False, tied_embeddings=False),
 )}
-ALIASES = {"gpt-125m": "gpt-126m", "llama2_70b": "llama2-70b", "llama31_405b": "llama3.1-405b"}
+ALIASES = {"gpt-125m": "gpt-126m", "gpt-7b-improved": "gpt-8b", "llama2_70b": "llama2-70b", "llama31_405b": "llama3.1-405b"}
 
 # Global batch sizes of the GPT-3 paper (table 2.1), in sequences of 2048 tokens.
 GPT_PAPER_GBS = {"gpt-126m": 256, "gpt-350m": 256, "gpt-760m": 256, "gpt-1.3b": 512, "gpt-2.7b": 512,
-                 "gpt-5b": 1024, "gpt-6.7b": 1024, "gpt-13b": 1024, "gpt-20b": 1536, "gpt-40b": 1536,
+                 "gpt-5b": 1024, "gpt-6.7b": 1024, "gpt-13b": 1024, "gpt-20b": 1536, "gpt-40b": 1536, "gpt-8b": 512,
                  "gpt-175b": 1536}
 
 

@@ -124,6 +124,19 @@ class Candidate:
         }
 
 
+def broken_rule(m, gpus: int, tp: int, cp: int, pp: int) -> str | None:
+    """The first shape rule (a REASONS key) that TP/CP/PP break for this model on `gpus` GPUs, or None."""
+    if gpus % (tp * cp * pp):
+        return "divide"
+    if m.heads % tp or m.kv_heads % tp:
+        return "heads"
+    if m.pipeline_units % pp:
+        return "layers"
+    if m.seq % (2 * cp if cp > 1 else 1):
+        return "seq"
+    return None
+
+
 def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None = None,
                fixed: dict | None = None):
     """Every layout the rules allow, priced: (candidates, rejection counts, layouts priced).
@@ -144,17 +157,9 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
         inner = len(opts) * (1 if w.fixed_gbs else len(GA_CHOICES))
         for cp in divs:
             for pp in divs:
-                if gpus % (tp * cp * pp):
-                    rejected["divide"] += inner
-                    continue
-                if m.heads % tp or m.kv_heads % tp:
-                    rejected["heads"] += inner
-                    continue
-                if m.pipeline_units % pp:
-                    rejected["layers"] += inner
-                    continue
-                if m.seq % (2 * cp if cp > 1 else 1):
-                    rejected["seq"] += inner
+                broken = broken_rule(m, gpus, tp, cp, pp)
+                if broken:
+                    rejected[broken] += inner
                     continue
                 dp = gpus // (tp * cp * pp)
                 if any(fixed.get(k, v) != v for k, v in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp))):

@@ -138,7 +138,9 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     for r in score.get("runs") or []:
         comp = r.get("compliance") or {}
         comp_s = "not run" if not comp.get("checked") else ("pass" if comp.get("pass") else "FAIL")
-        notes = [*(r.get("reasons") or []), *(comp.get("reasons") or [] if comp.get("checked") else []),
+        # flags: a pretraining run's loss leaving its reference band (mlrepro.pretrain.megatron_score)
+        notes = [*(f"FLAG: {f}" for f in r.get("flags") or []), *(r.get("reasons") or []),
+                 *(comp.get("reasons") or [] if comp.get("checked") else []),
                  *(r.get("problems") or [])]
         parts.append(
             f"<tr><td>{_e(r.get('seed'))}</td><td>{_num(r.get('minutes'))}</td><td>{_e(r.get('status'))}</td>"

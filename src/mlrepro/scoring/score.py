@@ -35,6 +35,7 @@ from typing import Any, Iterable, Sequence
 from mlrepro.scoring import checkers
 from mlrepro.util.fsutil import atomic_write_json
 from mlrepro.scoring.mllog import ParsedLog, Record, contains_mllog, finite, parse_log
+from mlrepro.pretrain import megatron_log
 
 DEFAULT_RULESET = "5.0.0"
 # Our config names for the MLPerf benchmarks.
@@ -273,6 +274,12 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     compliance {checked, pass, reasons}, counted, reasons, problems.
     """
     path = Path(log_path)
+    if rules.target_direction == "<=" and not contains_mllog(path) and megatron_log.is_training_log(path):
+        # A pretraining run that logs no MLLOG: the same record, from Megatron-LM's/NeMo's own lines.
+        from mlrepro.pretrain import megatron_score
+
+        return megatron_score.score_training_log(path, target_loss=rules.target_value, seed=seed,
+                                                 benchmark=rules.benchmark)
     log = parse_log(path)
     reasons: list[str] = []
     run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _logged_seed(log)}
@@ -518,7 +525,8 @@ def _logs_in_dir(root: Path) -> list[Path]:
             chosen = ["mllog.txt"]
         else:
             chosen = [n for n in names if Path(n).suffix.lower() in _LOG_SUFFIXES]
-        out.extend(Path(dirpath) / n for n in chosen if contains_mllog(Path(dirpath) / n))
+        out.extend(Path(dirpath) / n for n in chosen
+                   if contains_mllog(Path(dirpath) / n) or megatron_log.is_training_log(Path(dirpath) / n))
     return out
 
 

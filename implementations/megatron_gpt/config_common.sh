@@ -1,0 +1,6 @@
+# Shared by every config_<SYS>.sh of the Megatron-LM GPT benchmarks.
+export MEGATRON_COMMIT=d98e8a64ddf34856e74b24714e3bedb2f5a39553
+export NEXP=${NEXP:-1}
+export WALLTIME_RUNANDTIME=${WALLTIME_RUNANDTIME:-60}
+export WALLTIME=$((5 + NEXP * (WALLTIME_RUNANDTIME + 5)))
+export CUDA_DEVICE_MAX_CONNECTIONS=1

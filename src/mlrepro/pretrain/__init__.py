@@ -1,0 +1,1 @@
+"""GPT pretraining runs: Megatron-LM launch lines, training-log scoring, chained segments."""

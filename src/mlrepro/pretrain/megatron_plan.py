@@ -1,0 +1,284 @@
+"""Dry-run plans of the GPT pretraining benchmarks: nodes x GPUs, layout, wall time and the exact launch line.
+
+A benchmark's `pretrain:` block (config/benchmarks/gpt_*.yaml) names the model, the training
+tokens, the global batch and its layouts (seed 002's DP/PP/TP table); a layout is checked
+against a system by the planner (plan.search: divisibility, heads, layers, memory) before
+anything is scheduled, and refused with the planner's reason. Three launchers render: Megatron-LM's
+pretrain_gpt.py (srun with pyxis, one task per GPU, inside NVIDIA's run.sub; or torchrun on one
+machine), Megatron-DeepSpeed (seed 002: `deepspeed pretrain_gpt.py ... --deepspeed_config
+ds_config.json`) and the NeMo launcher (seed 001: `main.py stages=[training] training=gpt3/...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+from mlrepro import config as mlrepro_config
+from mlrepro.plan import hardware, search, workloads
+from mlrepro.plan.layout import Layout
+from mlrepro.pretrain import megatron_launch
+
+NEMO_MAIN = "/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py"
+MEGATRON_IMAGE = "${CONT}"  # the image the implementation's Dockerfile builds (Megatron-LM at the pinned commit)
+
+
+class Refused(ValueError):
+    """The layout cannot run on the system; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    benchmark: str
+    name: str  # seed 002's YAML name, e.g. gpt-1-3b-4xdp-4xpp
+    model: str
+    tokens: float
+    gbs: int
+    tp: int | None = None  # None: the planner chooses
+    pp: int | None = None
+    dp: int | None = None
+    launcher: str = "megatron"  # megatron | megatron-deepspeed | nemo
+    nemo_training: str | None = None  # NeMo launcher config, e.g. gpt3/7b_improved
+    zero_stage: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    variant: Variant
+    facts: hardware.SystemFacts
+    layout: Layout
+    memory_gb: float
+    step_s: float
+    iterations: int
+
+    @property
+    def hours(self) -> float:
+        return self.step_s * self.iterations / 3600
+
+
+def benchmark_corpus_dir(root: Path, benchmark: str) -> Path:
+    """resources/corpora/<corpus>/ of the benchmark's corpus (pretrain.corpus, mini_corpus by default)."""
+    data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
+    return root / "resources" / "corpora" / (data.get("pretrain") or {}).get("corpus", "mini_corpus")
+
+
+def variants(root: Path, benchmark: str) -> dict[str, Variant]:
+    """The layouts a benchmark's `pretrain:` block lists, by name."""
+    data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
+    pre = data.get("pretrain")
+    if not pre:
+        raise Refused(f"config/benchmarks/{benchmark}.yaml has no pretrain: block")
+    out = {}
+    for lay in pre["layouts"]:
+        out[lay["name"]] = Variant(
+            benchmark=benchmark, name=lay["name"], model=pre["model"], tokens=float(pre["tokens"]),
+            gbs=int(lay.get("gbs", pre["gbs"])), tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
+            launcher=lay.get("launcher", pre.get("launcher", "megatron")), nemo_training=pre.get("nemo_training"),
+            zero_stage=int(lay.get("zero_stage", 1)))
+    return out
+
+
+def plan(v: Variant, facts: hardware.SystemFacts) -> Planned:
+    """The variant's layout on the system, priced by the planner; Refused naming why it cannot run."""
+    w = workloads.gpt(v.model, v.gbs)
+    fixed = {k: getattr(v, k) for k in ("tp", "pp", "dp") if getattr(v, k) is not None}
+    if len(fixed) == 3:
+        gpus = v.tp * v.pp * v.dp
+        if gpus > facts.gpus:
+            raise Refused(f"{v.name} needs {gpus} GPUs (TP{v.tp} x PP{v.pp} x DP{v.dp}); "
+                          f"{facts.name} has {facts.gpus}")
+        try:
+            facts = facts.with_gpus(gpus)
+        except ValueError as exc:
+            raise Refused(f"{v.name}: {exc}") from None
+        m = w.model
+        broken = search.broken_rule(m, gpus, v.tp, 1, v.pp)
+        if broken:
+            raise Refused(f"{v.name} (TP{v.tp} PP{v.pp} DP{v.dp}) breaks a rule: {search.REASONS[broken]} "
+                          f"({m.name}: {m.heads} heads, {m.pipeline_units} layers)")
+        if v.tp > facts.nvlink_domain:
+            raise Refused(f"{v.name}: {search.REASONS['nvlink']} (TP{v.tp} > {facts.nvlink_domain} GPUs)")
+    try:
+        p = search.plan(w, facts, fixed=fixed or None, top=1)
+    except search.PlanError as exc:
+        raise Refused(f"{v.name} ({_fixed(fixed)}) on {facts.name}: {exc}") from None
+    best = p.best
+    iterations = math.ceil(v.tokens / (v.gbs * w.model.seq))
+    return Planned(v, facts, best.layout, best.memory_gb, float(p.table.iloc[0]["step_s"]), iterations)
+
+
+def _fixed(fixed: dict) -> str:
+    return " ".join(f"{k.upper()}{n}" for k, n in fixed.items()) or "layout chosen by the planner"
+
+
+def _walltime(hours: float) -> str:
+    minutes = max(1, math.ceil(hours * 60))
+    return f"{minutes // 1440}-{minutes % 1440 // 60:02d}:{minutes % 60:02d}:00"
+
+
+def megatron_run(p: Planned, data_prefix: list, vocab: str, merges: str) -> megatron_launch.Run:
+    return megatron_launch.Run(p.variant.model, p.layout, p.iterations, data_prefix=tuple(data_prefix),
+                               vocab_file=vocab, merge_file=merges, local_impl=False)
+
+
+def ds_config(p: Planned) -> dict:
+    """Megatron-DeepSpeed's ds_config.json for the layout (seed 002)."""
+    lay = p.layout
+    return {"train_batch_size": lay.gbs, "train_micro_batch_size_per_gpu": lay.mbs,
+            "gradient_accumulation_steps": lay.ga, "steps_per_print": 10, "gradient_clipping": 1.0,
+            "zero_optimization": {"stage": p.variant.zero_stage}, "bf16": {"enabled": True},
+            "wall_clock_breakdown": False}
+
+
+def launch_line(p: Planned, scheduler: str, data_prefix: list, vocab: str, merges: str,
+                max_time_margin_min: int = 30) -> str:
+    """The exact command that starts the run."""
+    v, lay, per_node = p.variant, p.layout, p.facts.gpus_per_node
+    nodes = max(1, lay.gpus // per_node)
+    if v.launcher == "nemo":
+        return nemo_line(p, data_prefix, vocab, merges, max_time_margin_min)
+    run = megatron_run(p, data_prefix, vocab, merges)
+    if v.launcher == "megatron-deepspeed":
+        args = megatron_launch.pretrain_args(run)
+        return shlex.join(["deepspeed", f"--num_nodes={nodes}", f"--num_gpus={min(lay.gpus, per_node)}",
+                           "pretrain_gpt.py", *args, "--deepspeed", "--deepspeed_config", "ds_config.json",
+                           "--zero-stage", str(v.zero_stage)])
+    if scheduler == "slurm":
+        return megatron_launch.srun_line(run, MEGATRON_IMAGE, "${DATADIR}:/data:ro,${LOGDIR}:/results:rw",
+                                         gpus_per_node=per_node)
+    return megatron_launch.torchrun_line(run)
+
+
+def nemo_line(p: Planned, data_prefix: list, vocab: str, merges: str, margin_min: int = 30) -> str:
+    """Seed 001's NeMo launcher command: stages=[training], max_time `margin_min` before the job limit."""
+    limit_min = max(math.ceil(p.hours * 60), margin_min + 1)
+    stop = limit_min - margin_min
+    prefix = "[" + ",".join(f"{w}" if i % 2 == 0 else f"'{w}'" for i, w in enumerate(data_prefix)) + "]"
+    nodes = max(1, p.layout.gpus // p.facts.gpus_per_node)
+    parts = [
+        "python3", NEMO_MAIN, "stages=[training]", f"training={p.variant.nemo_training}",
+        "launcher_scripts_path=/opt/NeMo-Megatron-Launcher/launcher_scripts", "data_dir=/data",
+        "base_results_dir=/results", f"training.run.name=\"{p.variant.benchmark}\"",
+        f"training.run.time_limit=\"{_walltime(limit_min / 60)}\"",
+        f"training.trainer.max_time=\"{stop // 1440}:{stop % 1440 // 60:02d}:{stop % 60:02d}:00\"",
+        f"training.trainer.num_nodes={nodes}",
+        f"training.model.tensor_model_parallel_size={p.layout.tp}",
+        f"training.model.pipeline_model_parallel_size={p.layout.pp}",
+        f"training.model.tokenizer.vocab_file={vocab}", f"training.model.tokenizer.merge_file={merges}",
+        f"training.model.data.data_prefix={prefix}",
+    ]
+    return " ".join(parts)
+
+
+def data_prefix_of(corpus_dir: Path, mount: str = "/data") -> tuple[list | None, str, str]:
+    """The blend and tokenizer the corpus stages wrote under corpus_dir, as the container sees them
+    under `mount`; the blend is None while the corpus stages have not written data_prefix.json."""
+    blend = corpus_dir / "data_prefix.json"
+    prefix = None
+    if blend.is_file():
+        record = json.loads(blend.read_text())
+        prefix = [x if i % 2 == 0 else f"{mount}/preprocessed/{Path(x).name}"
+                  for i, x in enumerate(record["data_prefix"])]
+    return prefix, f"{mount}/tokenizer/vocab.json", f"{mount}/tokenizer/merges.txt"
+
+
+def describe(p: Planned, scheduler: str, prefix: list, vocab: str, merges: str) -> list[str]:
+    """The plan's lines: shape, layout, memory, wall time, then the exact launch line(s)."""
+    v, lay, facts = p.variant, p.layout, p.facts
+    nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
+    out = [f"{v.name} on {facts.name}: {nodes} node(s) x {per_node} GPUs ({lay.gpus} x {facts.gpu}); "
+           f"layout TP{lay.tp} PP{lay.pp} DP{lay.dp} MBS{lay.mbs} GA{lay.ga} (GBS {lay.gbs}); "
+           f"{p.memory_gb:.1f} GB/GPU predicted; {p.iterations:,} iterations x {p.step_s:.3f} s = "
+           f"wall time {_walltime(p.hours)}"]
+    if v.launcher == "megatron-deepspeed":
+        out.append(f"  ds_config.json ({v.name}.yaml): {json.dumps(ds_config(p), sort_keys=True)}")
+    elif v.launcher == "megatron" and scheduler == "slurm":
+        out.append(f"  sbatch -N {nodes} --ntasks-per-node={per_node} --gpus-per-node={per_node} "
+                   f"-t {math.ceil(p.hours * 60) + 10} implementations/megatron_gpt/run.sub")
+    out.append("  " + launch_line(p, scheduler, prefix, vocab, merges))
+    return out
+
+
+def render(root: Path, benchmark: str, system: str, variant: str | None = None,
+           corpus_dir: Path | None = None) -> tuple[str, list[str]]:
+    """The plans of a benchmark's layouts on a system, and the refusals (each naming why)."""
+    sysconf = mlrepro_config.load_system(root, system)
+    facts = hardware.from_system(sysconf)
+    table = variants(root, benchmark)
+    if variant and variant not in table:
+        raise Refused(f"{benchmark} has no layout {variant!r}; it has {', '.join(table)}")
+    corpus_dir = corpus_dir or benchmark_corpus_dir(root, benchmark)
+    prefix, vocab, merges = data_prefix_of(corpus_dir)
+    out, refused = [], []
+    if prefix is None:
+        out.append(f"(no {corpus_dir / 'data_prefix.json'} yet: the corpus stages write the blend; "
+                   "UNPREPARED stands for it below)")
+        prefix = [1.0, "/data/preprocessed/UNPREPARED"]
+    for v in ([table[variant]] if variant else table.values()):
+        try:
+            out += describe(plan(v, facts), sysconf.scheduler, prefix, vocab, merges)
+        except Refused as exc:
+            refused.append(str(exc))
+    return "\n".join(out), refused
+
+
+def is_pretrain(root: Path, benchmark: str) -> bool:
+    path = root / "config" / "benchmarks" / f"{benchmark}.yaml"
+    return path.is_file() and bool((mlrepro_config.load_yaml(path) or {}).get("pretrain"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedPlan:
+    """What the workflow's train rule asks of a seed (the attributes of launch.SeedPlan it reads)."""
+    describe: str
+    walltime_minutes: int
+    local_threads: int = 1
+    local_mem_mb: int = 100
+
+
+def seed_plan(root: Path, benchmark: str, system: str, corpus_dir: Path | None = None) -> SeedPlan:
+    """The benchmark's first layout that fits the system, as the dry run's one-line plan of a seed;
+    Refused (naming every layout's reason) when none fits, so the DAG stops before any job."""
+    sysconf = mlrepro_config.load_system(root, system)
+    facts = hardware.from_system(sysconf)
+    reasons = []
+    for v in variants(root, benchmark).values():
+        try:
+            p = plan(v, facts)
+        except Refused as exc:
+            reasons.append(str(exc))
+            continue
+        prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, benchmark))
+        lines = describe(p, sysconf.scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
+        return SeedPlan(" | ".join(x.strip() for x in lines), math.ceil(p.hours * 60) + 10)
+    raise Refused(f"{benchmark} cannot run on system {system!r}: " + "; ".join(reasons))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlrepro.pretrain.megatron_plan", description=__doc__.splitlines()[0])
+    parser.add_argument("benchmark", help="config/benchmarks/<name>.yaml with a pretrain: block, e.g. gpt_13b")
+    parser.add_argument("--system", required=True)
+    parser.add_argument("--variant", help="one of the benchmark's layouts (default: all)")
+    parser.add_argument("--corpus-dir", type=Path,
+                        help="resources/corpora/<name> whose blend and tokenizer feed the run (default: mini_corpus)")
+    parser.add_argument("--root", type=Path, default=Path.cwd())
+    args = parser.parse_args(argv)
+    try:
+        text, refused = render(args.root, args.benchmark, args.system, args.variant, args.corpus_dir)
+    except (Refused, hardware.HardwareUnknown, mlrepro_config.ConfigError) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    if text:
+        print(text)
+    for reason in refused:
+        print(f"refused: {reason}", file=sys.stderr)
+    return 2 if refused and (args.variant or not text) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

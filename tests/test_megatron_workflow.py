@@ -1,0 +1,79 @@
+"""`snakemake -n` of the GPT pretraining benchmarks: each seed's message is the planner's layout,
+wall time and exact launch line (Megatron-LM, seed 001's NeMo, seed 002's Megatron-DeepSpeed), and
+a benchmark no layout of which fits the system stops before the DAG, naming why."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import numpy as np
+import pytest
+
+from mlrepro.corpus import blend, indexed
+from workspace import make_workspace, planned_jobs, run_snakemake
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    ws = make_workspace(tmp_path_factory.mktemp("megatron") / "ws")
+    for name in ("mini_corpus", "slimpajama"):  # gpt_126m* read the miniature, the larger GPTs SlimPajama
+        corpus = ws / "resources" / "corpora" / name
+        prefix = corpus / "preprocessed" / "train_chunk_0_text_document"
+        prefix.parent.mkdir(parents=True)
+        w = indexed.IndexedWriter(f"{prefix}.bin")
+        w.add_document(np.arange(64, dtype=np.uint16))
+        w.finalize(f"{prefix}.idx")
+        blend.write_blend([str(prefix)], corpus / "data_prefix.json")
+    return ws
+
+
+def _plan(ws, benchmark, system, check=True):
+    proc = run_snakemake(ws, "-n", f"results/{benchmark}/score.json", "--config", f"system={system}",
+                         f"benchmarks=[{benchmark}]", timeout=300, check=check)
+    out = proc.stdout + proc.stderr
+    seeds = re.findall(rf"^(?:Job \d+: )?{benchmark} seed 1: (.+)$", out, flags=re.M)
+    return proc, out, seeds
+
+
+def test_megatron_plan_in_the_dry_run(ws):
+    _, out, seeds = _plan(ws, "gpt_13b", "dgxh100-64x8")
+    assert planned_jobs(out).get("train_seed") == 1, out[-3000:]
+    head, sbatch, srun = seeds[0].split(" | ")
+    assert head.startswith("gpt-13b-4xdp-4xpp on dgxh100-64x8: 2 node(s) x 8 GPUs (16 x NVIDIA H100 80GB HBM3)")
+    assert "layout TP1 PP4 DP4" in head and "wall time" in head
+    assert sbatch.startswith("sbatch -N 2 --ntasks-per-node=8 --gpus-per-node=8 -t ")
+    argv = shlex.split(srun)
+    assert argv[:4] == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks-per-node=8"]
+    d = argv.index("--data-path")
+    assert argv[d + 1: d + 3] == ["1.0", "/data/preprocessed/train_chunk_0_text_document"]
+
+
+def test_seed_001_nemo_command_in_the_dry_run(ws):
+    _, out, seeds = _plan(ws, "gpt_8b_nemo", "dgxh100-64x8")
+    head, cmd = seeds[0].split(" | ")
+    assert "8 node(s) x 8 GPUs" in head
+    assert cmd.startswith("python3 /opt/NeMo-Megatron-Launcher/launcher_scripts/main.py stages=[training] "
+                          "training=gpt3/7b_improved ")
+    assert "training.model.data.data_prefix=[1.0,'/data/preprocessed/train_chunk_0_text_document']" in cmd
+    assert "training.trainer.max_time=" in cmd and "training.trainer.num_nodes=8" in cmd
+
+
+def test_seed_002_deepspeed_command_in_the_dry_run(ws):
+    _, out, seeds = _plan(ws, "gpt_126m_deepspeed", "dgxb200")
+    head, ds, cmd = seeds[0].split(" | ")
+    assert head.startswith("gpt-125m on dgxb200: 1 node(s) x 1 GPUs")
+    assert ds.startswith("ds_config.json (gpt-125m.yaml): ") and '"train_batch_size": 256' in ds
+    assert cmd.startswith("deepspeed --num_nodes=1 --num_gpus=1 pretrain_gpt.py ")
+    assert cmd.endswith("--deepspeed --deepspeed_config ds_config.json --zero-stage 1")
+
+
+def test_impossible_layout_refused_before_the_dag(ws):
+    proc, out, seeds = _plan(ws, "gpt_175b", "dgxb200", check=False)
+    assert proc.returncode != 0 and not seeds
+    assert "gpt_175b cannot run on system 'dgxb200'" in out
+    assert "gpt-175b-tp8-pp16-dp4 needs 512 GPUs (TP8 x PP16 x DP4); dgxb200 has 8" in out
+    assert "above 180 GB x 0.95" in out
+    assert "train_seed" not in planned_jobs(out)
