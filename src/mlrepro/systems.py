@@ -27,7 +27,14 @@ def gpus(system: System) -> int:
     return system.nodes * system.gpus_per_node
 
 
-def unmet(bench: Benchmark, system: System, *, with_implementation: bool) -> list[str]:
+def is_pretrain(root: Path, bench: Benchmark) -> bool:
+    """A GPT pretraining benchmark (a `pretrain:` block): planned by mlrepro.pretrain.megatron_plan."""
+    from mlrepro.pretrain import megatron_plan
+
+    return megatron_plan.is_pretrain(Path(root), bench.name)
+
+
+def unmet(root: Path, bench: Benchmark, system: System, *, with_implementation: bool) -> list[str]:
     """What `system` lacks to run `bench`; empty when it fits."""
     req = bench.requires
     missing = []
@@ -39,7 +46,17 @@ def unmet(bench: Benchmark, system: System, *, with_implementation: bool) -> lis
     if "gpus" in req and gpus(system) < req["gpus"]:
         have = "none, CPU only" if gpus(system) == 0 else f"{system.nodes} x {system.gpus_per_node}"
         missing.append(f"it needs at least {req['gpus']} GPUs ({system.name} has {have})")
-    if with_implementation:
+    if is_pretrain(root, bench):
+        from mlrepro.plan import hardware
+        from mlrepro.pretrain import megatron_plan
+
+        try:  # GPT pretraining: the planner, not a published config_<SYS>.sh, decides the layout
+            megatron_plan.seed_plan(root, bench.name, system.name)
+        except megatron_plan.Refused as exc:
+            missing.append(str(exc).removeprefix(f"{bench.name} cannot run on system {system.name!r}: "))
+        except hardware.HardwareUnknown as exc:
+            missing.append(str(exc))
+    elif with_implementation:
         from mlrepro.launch import plan as launch
 
         try:
@@ -57,7 +74,7 @@ def fitting_systems(root: Path, bench: Benchmark, *, with_implementation: bool) 
             system = mlrepro_config.load_system(Path(root), path.stem)
         except ConfigError:
             continue  # an unrelated broken system file is reported when it is used
-        if not unmet(bench, system, with_implementation=with_implementation):
+        if not unmet(root, bench, system, with_implementation=with_implementation):
             names.append(path.stem)
     return names
 
@@ -66,7 +83,7 @@ def check(settings: Settings, name: str) -> Benchmark:
     """The benchmark, if the chosen system can run it; else ConfigError with the systems that can."""
     bench = settings.benchmark(name)
     known = implementation_known(settings.root, bench)
-    missing = unmet(bench, settings.system, with_implementation=known)
+    missing = unmet(settings.root, bench, settings.system, with_implementation=known)
     if not missing:
         return bench
     system = settings.system

@@ -57,12 +57,9 @@ def bench(name):
     """
     try:
         key = (name, mlrepro_systems.implementation_known(SETTINGS.root, SETTINGS.benchmark(name)))
-        if key not in _CHECKED and megatron_plan.is_pretrain(SETTINGS.root, name):
-            megatron_plan.seed_plan(SETTINGS.root, name, SYSTEM.name)  # GPT pretraining: the planner decides
-            _CHECKED[key] = SETTINGS.benchmark(name)
-        elif key not in _CHECKED:
+        if key not in _CHECKED:
             _CHECKED[key] = mlrepro_systems.check(SETTINGS, name)
-    except (mlrepro_config.ConfigError, megatron_plan.Refused) as error:
+    except mlrepro_config.ConfigError as error:
         raise config_error(error) from None
     return _CHECKED[key]
 
@@ -108,7 +105,7 @@ def seed_plan(wc, attribute):
     Until a git implementation is fetched its configs are unknown: Snakemake asks before the
     checkpoint has run, gets a placeholder, and asks again once it has.
     """
-    if megatron_plan.is_pretrain(SETTINGS.root, bench(wc.benchmark).name):
+    if mlrepro_systems.is_pretrain(SETTINGS.root, bench(wc.benchmark)):
         return getattr(megatron_plan.seed_plan(SETTINGS.root, wc.benchmark, SYSTEM.name), attribute)
     if not mlrepro_systems.implementation_known(SETTINGS.root, bench(wc.benchmark)):
         return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
@@ -150,7 +147,7 @@ def implementation_files(wc):
 
     ready = implementation_ready(wc)
     b = bench(wc.benchmark)
-    if megatron_plan.is_pretrain(SETTINGS.root, b.name):
+    if mlrepro_systems.is_pretrain(SETTINGS.root, b):
         folder = b.implementation_dir  # one folder for every layout: the planner, not config_<SYS>.sh, sets it
     else:
         folder = launch.implementation_config(b, SYSTEM).path.parent
