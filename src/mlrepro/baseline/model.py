@@ -1,4 +1,4 @@
-"""A GPT in plain PyTorch for the probe: fused QKV, no biases, SDPA (flash) attention, tied embeddings."""
+"""A GPT in plain PyTorch for the probe: fused QKV, no biases, SDPA (flash) attention, tied embeddings, bf16 or fp32 residual."""
 
 from __future__ import annotations
 
@@ -29,8 +29,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, residual_dtype: torch.dtype | None = None):
         super().__init__()
+        # None: the residual stream stays in the embeddings' fp32 under autocast; bf16 halves its
+        # traffic and its saved norm inputs (Megatron's default: fp32_residual_connection off).
+        self.residual_dtype = residual_dtype
         self.wte = nn.Embedding(shape.vocab, shape.hidden)
         self.wpe = nn.Embedding(shape.seq, shape.hidden)
         self.blocks = nn.ModuleList(Block(shape.hidden, shape.heads, shape.ffn_hidden) for _ in range(shape.layers))
@@ -41,6 +44,8 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
+        if self.residual_dtype is not None:
+            x = x.to(self.residual_dtype)
         for block in self.blocks:
             x = block(x)
         return self.loss(x, targets)

@@ -31,10 +31,10 @@ def predicted_gib(shape: models.ModelShape, mbs: int, ga: int = 1) -> float:
     return memory.estimate(w, lay).total / GIB
 
 
-def _step_fn(torch, model, opt, scaler, dtype, ga: int):
+def _step_fn(torch, model, opt, scaler, dtype, ga: int, device: str = "cuda"):
     def step(x, y):
         for _ in range(ga):
-            with torch.autocast("cuda", dtype=dtype):
+            with torch.autocast(device, dtype=dtype):
                 loss = model(x, y) / ga
             (scaler.scale(loss) if scaler is not None else loss).backward()
         if scaler is not None:
@@ -55,30 +55,47 @@ def _attention(torch, backend: str) -> None:
     torch.backends.cuda.enable_math_sdp(False)
 
 
-def measure(model_name: str, precision: str = "bf16", mbs: int = 8, steps: int = 10, warmup: int = 4,
-            ga: int = 1, attention: str = "flash", compile_mode: str = "default") -> dict:
-    """One run on cuda:0: the baseline.json row for it."""
+def build(shape: models.ModelShape, precision: str = "bf16", ga: int = 1, residual: str = "bf16",
+          compile_scope: str = "block", compile_mode: str = "default", device: str = "cuda"):
+    """(model, step): the probe's GPT on `device` and one optimizer step over `ga` micro-batches.
+
+    compile_scope "block": each block compiled on its own (one graph serves all layers) and the
+    loss; "model": the whole forward with the loss as one graph (fullgraph); "none": eager.
+    """
     import torch
 
-    from mlrepro.baseline import flops
     from mlrepro.baseline.model import GPT
 
     if precision == "fp8":
         raise ValueError("fp8 needs Transformer Engine, which the portable probe does not use")
-    shape = models.model(model_name)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    with torch.device(device):  # initialised on the GPU: 1.3B parameters take half a minute on the CPU
+        model = GPT(shape, residual_dtype=dtype if residual != "fp32" else None)
+    if compile_scope == "block":
+        for block in model.blocks:
+            block.compile(mode=compile_mode)
+        model.loss = torch.compile(model.loss, mode=compile_mode)
+    elif compile_scope == "model":
+        model.compile(mode=compile_mode, fullgraph=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    scaler = torch.amp.GradScaler(device) if precision == "fp16" else None
+    return model, _step_fn(torch, model, opt, scaler, dtype, ga, device)
+
+
+def measure(model_name: str, precision: str = "bf16", mbs: int = 8, steps: int = 10, warmup: int = 4,
+            ga: int = 1, attention: str = "flash", compile_mode: str = "default", residual: str = "bf16",
+            compile_scope: str = "block") -> dict:
+    """One run on cuda:0: the baseline.json row for it."""
+    import torch
+
+    from mlrepro.baseline import flops
+
+    shape = models.model(model_name)
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     _attention(torch, attention)
     torch.cuda.reset_peak_memory_stats()
-    with torch.device("cuda"):  # initialised on the GPU: 1.3B parameters take half a minute on the CPU
-        model = GPT(shape)
-    for block in model.blocks:
-        block.compile(mode=compile_mode)
-    model.loss = torch.compile(model.loss, mode=compile_mode)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    step = _step_fn(torch, model, opt, scaler, dtype, ga)
+    model, step = build(shape, precision, ga, residual, compile_scope, compile_mode)
     x = torch.randint(0, shape.vocab, (mbs, shape.seq), device="cuda")
     y = torch.roll(x, -1, 1)
     t0 = time.perf_counter()
@@ -104,7 +121,7 @@ def measure(model_name: str, precision: str = "bf16", mbs: int = 8, steps: int =
         "workload": "probe", "model": shape.name, "precision": precision, "tp": 1, "pp": 1, "dp": 1,
         "mbs": mbs, "gbs": gbs, "seq": shape.seq, "iter_time_s": round(dt, 4),
         "samples_per_s": round(gbs / dt, 2), "tokens_per_s": round(gbs * shape.seq / dt), "attention": attention,
-        "compile_mode": compile_mode,
+        "compile_mode": compile_mode, "compile_scope": compile_scope, "residual": residual,
         "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops / peak_tflops, 4),
         "peak_mem_gib": round(peak, 2), "predicted_mem_gib": round(predicted, 2),
         "mem_error_pct": round(100 * (predicted - peak) / peak, 1),

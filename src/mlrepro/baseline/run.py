@@ -26,6 +26,7 @@ def baseline(system: str, settings: dict, out_dir: Path) -> dict:
     if not torch.cuda.is_available():
         doc = {"system": system, "runs": [], "why": "not applicable: no CUDA GPU on this node", "flops_formula": FORMULA}
     else:
+        out_dir.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         for spec in b["runs"]:
             t0 = time.monotonic()
@@ -34,13 +35,16 @@ def baseline(system: str, settings: dict, out_dir: Path) -> dict:
                 continue
             try:
                 row = probe.measure(spec["model"], spec["precision"], spec["mbs"], steps=b["steps"], warmup=b["warmup"],
-                                    ga=spec["ga"], attention=spec["attention"], compile_mode=spec["compile_mode"])
+                                    ga=spec["ga"], attention=spec["attention"], compile_mode=spec["compile_mode"],
+                                    residual=spec["residual"], compile_scope=spec["compile_scope"])
             except Exception as exc:  # an OOM or a missing kernel costs that row, not the report
                 log.exception("baseline run %s failed", spec)
                 row = {**spec, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             row["wall_s"] = round(time.monotonic() - t0, 1)
             log.info("%s", json.dumps(row))
             runs.append(row)
+            # Written after every run: a job killed at its time limit still leaves the rows it measured.
+            atomic_write_json(out_dir / "baseline.json", {"system": system, "runs": runs, "flops_formula": FORMULA})
             probe.free(torch)
         doc = {"system": system, "runs": runs, "flops_formula": FORMULA}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -54,6 +58,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--system", default="local", help="names the results folder")
     parser.add_argument("--root", default=".", help="the repository (config/preflight.yaml)")
     parser.add_argument("--out", help="folder (default results/baseline/<system>)")
+    parser.add_argument("--settings", help="settings file (default <root>/config/preflight.yaml)")
 
 
 def run(args) -> int:
@@ -63,7 +68,7 @@ def run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = Path(args.root).resolve()
     try:
-        settings = load_settings(root)
+        settings = load_settings(root, Path(args.settings).resolve() if args.settings else None)
     except config.ConfigError as exc:
         print(f"error: {exc}")
         return 2
