@@ -1,11 +1,17 @@
 """Measure one probe run: compiled GPT, bf16/fp16 autocast, fused AdamW; time, TFLOP/s, MFU, peak memory.
 
-Recipe (what the memory model is told, see `workload`): fp32 parameters and gradients (the
-gradients stay allocated between steps: zero_grad(set_to_none=False)), AdamW's two fp32 moments,
-autocast to bf16/fp16 for the matmuls, SDPA for causal attention (flash, or cuDNN's kernel), each
-transformer block compiled on its own (one compiled graph serves all layers: compile time does
-not grow with depth), the loss compiled (fused: bf16 logits and their gradient only), and
-gradient accumulation to the global batch as in seed 003 (GBS 128 = MBS 4 x GA 16 x DP 2).
+Recipe (what the memory model is told, see `workload`): fp32 parameters, which are also the
+optimizer's master weights, and fp32 gradients that accumulate over the micro-batches and stay
+allocated between steps (zero_grad(set_to_none=False)); AdamW's two fp32 moments (fused kernel):
+Megatron's fp32 master weights, fp32 gradient accumulation and Adam states, without its separate
+bf16 weight copy (autocast casts the weights for each micro-batch instead: 16 B per parameter, not
+18). Autocast to bf16/fp16 for the matmuls; the residual stream in bf16 (Megatron's default,
+fp32_residual_connection off: the norms' saved inputs take the 2 B the memory model counts) or
+fp32; SDPA for causal attention (flash, or cuDNN's kernel); the whole forward and loss compiled
+as one graph (fullgraph; "block": each block on its own, one graph for all layers, compiled in
+seconds); gradient accumulation to the global batch as in seed 003 (GBS 128 = MBS 4 x GA 16 x
+DP 2). The vocabulary is GPT-2's padded to 50304 (a multiple of 128) as Megatron pads it, and the
+FLOP count uses it as Megatron's does (flops.megatron).
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ def _attention(torch, backend: str) -> None:
 
 
 def build(shape: models.ModelShape, precision: str = "bf16", ga: int = 1, residual: str = "bf16",
-          compile_scope: str = "block", compile_mode: str = "default", device: str = "cuda"):
+          compile_scope: str = "model", compile_mode: str = "default", device: str = "cuda"):
     """(model, step): the probe's GPT on `device` and one optimizer step over `ga` micro-batches.
 
     compile_scope "block": each block compiled on its own (one graph serves all layers) and the
@@ -82,9 +88,9 @@ def build(shape: models.ModelShape, precision: str = "bf16", ga: int = 1, residu
     return model, _step_fn(torch, model, opt, scaler, dtype, ga, device)
 
 
-def measure(model_name: str, precision: str = "bf16", mbs: int = 8, steps: int = 10, warmup: int = 4,
-            ga: int = 1, attention: str = "flash", compile_mode: str = "default", residual: str = "bf16",
-            compile_scope: str = "block") -> dict:
+def measure(model_name: str, precision: str = "bf16", mbs: int = 16, steps: int = 10, warmup: int = 4,
+            ga: int = 4, attention: str = "flash", compile_mode: str = "default", residual: str = "bf16",
+            compile_scope: str = "model") -> dict:
     """One run on cuda:0: the baseline.json row for it."""
     import torch
 
