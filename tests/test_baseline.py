@@ -99,3 +99,25 @@ def test_report_without_runs_says_why(tmp_path):
     report.write({"system": "local", "runs": [], "why": "not applicable: no CUDA GPU"}, tmp_path / "r.md",
                  tmp_path / "r.html", tmp_path / "r.png")
     assert "not applicable" in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.parametrize("sweep", sorted((ROOT / "benchmarks" / "baseline").glob("*.yaml")), ids=lambda p: p.name)
+def test_recorded_sweep_files_are_valid_settings(sweep):
+    """The settings files the recorded sweeps ran with still pass the schema, every variant spelled out."""
+    from mlrepro.preflight.run import load_settings
+
+    runs = load_settings(ROOT, sweep)["baseline"]["runs"]
+    assert runs and all({"residual", "compile_scope", "ga"} <= set(r) for r in runs)
+
+
+def test_settings_option_is_validated_naming_file_and_key(tmp_path, capsys):
+    import argparse
+
+    from mlrepro.baseline import run
+
+    bad = tmp_path / "sweep.yaml"
+    bad.write_text("baseline:\n  runs:\n    - {model: gpt-1.3b, residual: fp8}\n")
+    args = argparse.Namespace(system="local", root=str(ROOT), out=str(tmp_path / "out"), settings=str(bad))
+    assert run.run(args) == 2
+    out = capsys.readouterr().out
+    assert "sweep.yaml" in out and "residual" in out and not (tmp_path / "out").exists()
