@@ -199,13 +199,18 @@ def test_cli_exit_codes(tmp_path):
     assert len(minis) == 3
 
 
-def test_mini_lora_target_from_config(tmp_path, monkeypatch):
+def _score_with_config(tmp_path, required_runs: int, direction: str):
+    """`mlrepro score --benchmark mini_lora` on two runs, with config/benchmarks/mini_lora.yaml in the folder."""
     cfg = tmp_path / "config" / "benchmarks"
     cfg.mkdir(parents=True)
-    (cfg / "mini_lora.yaml").write_text("required_runs: 2\ntarget: {metric: eval_accuracy, value: 2.5, "
-                                         "direction: below}\n")
+    (cfg / "mini_lora.yaml").write_text(f"required_runs: {required_runs}\ntarget: {{metric: eval_accuracy, "
+                                         f"value: 2.5, direction: {direction}}}\n")
     lf.write_runs(tmp_path / "mini", [{"minutes": 2.0, "samples_to_converge": 64}] * 2, "mini_lora")
-    proc = cli(tmp_path / "mini", "--benchmark", "mini_lora", cwd=tmp_path)
+    return cli(tmp_path / "mini", "--benchmark", "mini_lora", cwd=tmp_path)
+
+
+def test_mini_lora_target_from_config(tmp_path, monkeypatch):
+    proc = _score_with_config(tmp_path, 2, "below")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 runs required" in proc.stdout
 
@@ -269,12 +274,7 @@ def test_rcp_with_too_few_runs_says_so_instead_of_nan():
 
 def test_benchmark_config_read_through_its_schema(tmp_path):
     """mlrepro score reads a benchmark's target through mlrepro.config: a bad value is named, file and key."""
-    cfg = tmp_path / "config" / "benchmarks"
-    cfg.mkdir(parents=True)
-    (cfg / "mini_lora.yaml").write_text("required_runs: 0\ntarget: {metric: eval_accuracy, value: 2.5, "
-                                         "direction: min}\n")
-    lf.write_runs(tmp_path / "mini", [{"minutes": 2.0, "samples_to_converge": 64}] * 2, "mini_lora")
-    proc = cli(tmp_path / "mini", "--benchmark", "mini_lora", cwd=tmp_path)
+    proc = _score_with_config(tmp_path, 0, "min")
     assert proc.returncode == 2
     assert "mini_lora.yaml is invalid" in proc.stderr
     assert "required_runs" in proc.stderr and "target.direction" in proc.stderr

@@ -19,6 +19,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from mlrepro import layout
+
 # The schemas belong to the workflow: a checkout validates its config with its own.
 SCHEMA_SUBDIR = Path("workflow") / "schemas"
 # What a benchmark's run_env values may name: the folders of those stages (see launch.plan_seed).
@@ -278,7 +280,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         git = None
     else:
         git = impl["git"]
-        impl_dir = root / "resources" / name / "implementation" / git["folder"]
+        impl_dir = layout.implementation_dir(root, name) / git["folder"]
     _check_run_env(data["run_env"], rel)
     seeds = tuple(data.get("seeds") or range(1, data["required_runs"] + 1))
     if len(seeds) < data["required_runs"]:

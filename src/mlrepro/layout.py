@@ -59,7 +59,7 @@ def seed_dirs(benchmark_folder: Path) -> dict[int, Path]:
 
 def stage_folder(root: Path, benchmark: str, stage: str) -> Path:
     """Where the dataset or checkpoint stage writes: resources/<benchmark>/{data,checkpoint}."""
-    return Path(root) / "resources" / benchmark / STAGE_FOLDERS[stage]
+    return resources_dir(root, benchmark) / STAGE_FOLDERS[stage]
 
 
 def stage_location(root: Path, benchmark: str, stage: str) -> Path:
@@ -70,7 +70,33 @@ def stage_location(root: Path, benchmark: str, stage: str) -> Path:
 
 def implementation_dir(root: Path, benchmark: str) -> Path:
     """resources/<benchmark>/implementation/: a git implementation fetched at its pinned commit."""
-    return Path(root) / "resources" / benchmark / "implementation"
+    return resources_dir(root, benchmark) / "implementation"
+
+
+def resources_dir(root: Path, benchmark: str) -> Path:
+    """resources/<benchmark>/: what the benchmark's runs read (implementation, data, checkpoint, image)."""
+    return Path(root) / "resources" / benchmark
+
+
+def implementation_record(root: Path, benchmark: str) -> Path:
+    """resources/<benchmark>/implementation.json: written once a git implementation is fetched."""
+    return resources_dir(root, benchmark) / "implementation.json"
+
+
+def image_sqsh(root: Path, benchmark: str) -> Path:
+    """resources/<benchmark>/image.sqsh: the enroot image (pyxis clusters without a registry)."""
+    return resources_dir(root, benchmark) / "image.sqsh"
+
+
+def published_dir(root: Path, benchmark: str) -> Path:
+    """resources/<benchmark>/published/: the published results a reference is scored from."""
+    return resources_dir(root, benchmark) / "published"
+
+
+def preflight_files(root: Path, system: str, benchmark: str) -> tuple[Path, Path]:
+    """Where a preflight record of the system may be: results/preflight/<system>/ (shared), or the benchmark's."""
+    return (Path(root) / "results" / "preflight" / system / "preflight.json",
+            benchmark_dir(root, benchmark) / "preflight.json")
 
 
 def container_json(root: Path, benchmark: str) -> Path:
