@@ -136,3 +136,27 @@ def test_gpt_seed_through_the_workflow_from_the_corpus_stages(tmp_path):
     assert run["throughput"]["tokens_per_s"] > 0
     score = json.loads((ws / "results/gpt_126m/score.json").read_text())
     assert score["runs_failed"] + score["runs_counted"] == 1
+
+
+@pytest.mark.slow
+def test_recorded_h100_seed_scored_by_the_score_rules(tmp_path):
+    """The H100 run's Megatron log (implementations/megatron_gpt/device/recorded/workflow_h100) through
+    the real score_seed and score rules, on the device's system file; about 10 s."""
+    ws = _workspace(tmp_path / "ws")
+    recorded = ws / "implementations/megatron_gpt/device/recorded/workflow_h100"
+    seed = ws / "results/gpt_126m/seed_1"
+    seed.mkdir(parents=True)
+    shutil.copy(recorded / "seed_1_mllog.txt", seed / "mllog.txt")
+    shutil.copy(recorded / "container.json", ws / "results/gpt_126m/container.json")
+    run_snakemake(ws, "-c1", "results/gpt_126m/score.json", "--allowed-rules", "score_seed", "score", "reference",
+                  "--config", "system=device-h100", "benchmarks=[gpt_126m]", timeout=300)
+    run = json.loads((seed / "run.json").read_text())
+    t = run["throughput"]
+    # Megatron-LM's own figures (median of the logged intervals after the first), MFU against 989 TFLOP/s.
+    assert (t["gpus"], t["global_batch_size"], t["seq_length"], t["tflops_source"]) == (1, 16, 2048, "logged")
+    assert t["mfu"] == pytest.approx(t["tflops_per_gpu"] / 989) and 0.1 < t["mfu"] < 0.3
+    assert t["tokens_per_s"] == pytest.approx(16 * 2048 / t["iter_time_s"])
+    assert run["status"] == "success" and run["iteration_to_converge"] == 100 and run["curve"][-1][0] == 300
+    assert run == {**json.loads((recorded / "seed_1_run.json").read_text()), "file": run["file"]}
+    score = json.loads((ws / "results/gpt_126m/score.json").read_text())
+    assert score["valid"] and score["runs_counted"] == 1
