@@ -215,6 +215,7 @@ class Settings:
     system: System
     submitter: str
     corpora: dict[str, dict] = field(default_factory=dict)
+    pretrain: dict = field(default_factory=dict)  # run settings of the GPT pretraining seeds (mlrepro.pretrain.megatron_seed)
     # Any other config/benchmarks/<name>.yaml is loaded (and validated) when first asked for:
     # a file target names its benchmark, listed or not.
     _others: dict[str, Benchmark] = field(default_factory=dict, repr=False, compare=False)
@@ -363,4 +364,5 @@ def load(config: dict, root: str | Path) -> Settings:
     benchmarks = {name: load_benchmark(root, name) for name in data["benchmarks"]}
     corpus_names = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus)])
     corpora = {name: load_corpus(root, name) for name in corpus_names}
-    return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora)
+    return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora,
+                    pretrain=dict(data.get("pretrain") or {}))

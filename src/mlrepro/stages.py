@@ -39,8 +39,12 @@ def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> N
     """Build the implementation's image (or, with runtime none, record this machine's environment)."""
     from mlrepro.container import image as containers
 
+    from mlrepro.pretrain import megatron_plan
+
     bench = settings.benchmark(benchmark)
-    folder = launch.implementation_config(bench, settings.system).path.parent
+    # A pretraining benchmark has one folder for every layout (the planner, not config_<SYS>.sh, sets it).
+    folder = (Path(bench.implementation_dir) if megatron_plan.is_pretrain(settings.root, benchmark)
+              else launch.implementation_config(bench, settings.system).path.parent)
     runtime = settings.system.container_runtime
     containers.build_container(
         {
@@ -71,14 +75,21 @@ def base_checkpoint(settings, benchmark: str, out: Path, log_path: Path) -> None
 
 def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -> None:
     """Run the seed, retrying a failed attempt up to the benchmark's `retries` times."""
-    plan = launch.plan_seed(settings, benchmark, seed)
+    from mlrepro.pretrain import megatron_plan, megatron_seed
+
     bench = settings.benchmark(benchmark)
+    if megatron_plan.is_pretrain(settings.root, benchmark):
+        plan = megatron_seed.prepare(settings, benchmark, seed)
+        finish = lambda: megatron_seed.finish_seed(plan, log_path, out)  # noqa: E731
+    else:
+        plan = launch.plan_seed(settings, benchmark, seed)
+        finish = lambda: launch.finish_seed(plan, log_path, out, bench.not_converged)  # noqa: E731
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
     launch.verify_inputs(plan, settings.root)
     for attempt in range(bench.retries + 1):
         try:
             launch.run_seed(plan, settings.system, log_path)
-            launch.finish_seed(plan, log_path, out, bench.not_converged)
+            finish()
             return
         except launch.SeedFailed as exc:
             if attempt == bench.retries or not exc.retry:
@@ -89,7 +100,17 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
 def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:
     from mlrepro.scoring import score as scoring
 
-    run = scoring.score_run(mllog_path, settings.benchmark(benchmark).scoring_rules(), seed=seed)
+    from mlrepro.pretrain import megatron_plan, megatron_score
+
+    rules = settings.benchmark(benchmark).scoring_rules()
+    if megatron_plan.is_pretrain(settings.root, benchmark):
+        # Megatron-LM's own log: MFU against the system's GPU, the ranks the planner gave the seed.
+        gpus = megatron_plan.first_fit(settings.root, benchmark, settings.system.name).layout.gpus
+        run = megatron_score.score_training_log(mllog_path, target_loss=rules.target_value, seed=seed,
+                                                benchmark=rules.benchmark, gpus=gpus,
+                                                gpu=settings.system.hardware.get("gpu"))
+    else:
+        run = scoring.score_run(mllog_path, rules, seed=seed)
     atomic_write_json(out, run)
 
 

@@ -141,6 +141,16 @@ def container_ready(wc):
     return ancient(checkpoints.container.get(benchmark=wc.benchmark).output[0])
 
 
+def seed_data(wc):
+    """Input helper: what a seed trains on, as ancient() (a finished seed is never rerun for it):
+    the dataset and checkpoint stages' manifests, or for a pretraining benchmark the corpus stages'
+    blend (resources/corpora/<corpus>/data_prefix.json)."""
+    if mlrepro_systems.is_pretrain(SETTINGS.root, bench(wc.benchmark)):
+        return {"corpus": ancient(str(megatron_plan.benchmark_corpus_dir(Path("."), wc.benchmark) / "data_prefix.json"))}
+    return {stage: ancient(f"resources/{wc.benchmark}/{folder}/manifest.json")
+            for stage, folder in layout.STAGE_FOLDERS.items()}
+
+
 def implementation_files(wc):
     """Input helper: the build context of the benchmark's image (the chosen implementation folder)."""
     from mlrepro.container import image as container

@@ -2,9 +2,8 @@
 # upstream file was touched; delete its folder to run it again.
 rule train_seed:
     input:
+        unpack(seed_data),
         container=container_ready,
-        dataset=ancient("resources/{benchmark}/data/manifest.json"),
-        checkpoint=ancient("resources/{benchmark}/checkpoint/manifest.json"),
         implementation=lambda wc: [ancient(f) for f in implementation_ready(wc)],
     output:
         seed_file("mllog.txt"),

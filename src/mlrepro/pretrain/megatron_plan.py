@@ -64,7 +64,7 @@ class Planned:
 def benchmark_corpus_dir(root: Path, benchmark: str) -> Path:
     """resources/corpora/<corpus>/ of the benchmark's corpus (pretrain.corpus, mini_corpus by default)."""
     data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
-    return root / "resources" / "corpora" / (data.get("pretrain") or {}).get("corpus", "mini_corpus")
+    return root / "resources" / "corpora" / (data.get("corpus") or (data.get("pretrain") or {}).get("corpus", "mini_corpus"))
 
 
 def variants(root: Path, benchmark: str) -> dict[str, Variant]:
@@ -241,22 +241,26 @@ class SeedPlan:
     local_mem_mb: int = 100
 
 
-def seed_plan(root: Path, benchmark: str, system: str, corpus_dir: Path | None = None) -> SeedPlan:
-    """The benchmark's first layout that fits the system, as the dry run's one-line plan of a seed;
-    Refused (naming every layout's reason) when none fits, so the DAG stops before any job."""
-    sysconf = mlrepro_config.load_system(root, system)
-    facts = hardware.from_system(sysconf)
+def first_fit(root: Path, benchmark: str, system: str) -> Planned:
+    """The benchmark's first layout that fits the system; Refused (naming every layout's reason) when
+    none fits, so the DAG stops before any job."""
+    facts = hardware.from_system(mlrepro_config.load_system(root, system))
     reasons = []
     for v in variants(root, benchmark).values():
         try:
-            p = plan(v, facts)
+            return plan(v, facts)
         except Refused as exc:
             reasons.append(str(exc))
-            continue
-        prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, benchmark))
-        lines = describe(p, sysconf.scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
-        return SeedPlan(" | ".join(x.strip() for x in lines), math.ceil(p.hours * 60) + 10)
     raise Refused(f"{benchmark} cannot run on system {system!r}: " + "; ".join(reasons))
+
+
+def seed_plan(root: Path, benchmark: str, system: str, corpus_dir: Path | None = None) -> SeedPlan:
+    """The dry run's one-line plan of a seed: the first layout that fits the system (see first_fit)."""
+    p = first_fit(root, benchmark, system)
+    scheduler = mlrepro_config.load_system(root, system).scheduler
+    prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, benchmark))
+    lines = describe(p, scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
+    return SeedPlan(" | ".join(x.strip() for x in lines), math.ceil(p.hours * 60) + 10)
 
 
 def main(argv: list[str] | None = None) -> int:
