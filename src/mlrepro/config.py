@@ -22,7 +22,7 @@ import yaml
 # The schemas belong to the workflow: a checkout validates its config with its own.
 SCHEMA_SUBDIR = Path("workflow") / "schemas"
 # What a benchmark's run_env values may name: the folders of those stages (see launch.plan_seed).
-RUN_ENV_PLACEHOLDERS = ("dataset", "checkpoint")
+RUN_ENV_PLACEHOLDERS = ("dataset", "checkpoint", "corpus")
 
 
 class ConfigError(ValueError):
@@ -165,6 +165,7 @@ class System:
     slurm_poll_seconds: float = 30.0
     submission: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)  # for mlrepro.plan
+    max_job_minutes: float | None = None  # the longest a job may run here (see mlrepro.pretrain.segments)
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ class Benchmark:
     reference: dict | None = None  # reference runs for a benchmark with no published result
     requires: dict = field(default_factory=dict)
     min_free_gb: float = 0
+    pretrain: dict | None = None  # checkpointed, time-limited segments (see mlrepro.pretrain.segments)
 
     def scoring_rules(self):
         """The scoring rules of this benchmark (see mlrepro.scoring)."""
@@ -280,6 +282,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         reference=_reference(root, rel, data.get("reference")),
         requires=data["requires"],
         min_free_gb=data["min_free_gb"],
+        pretrain=data.get("pretrain"),
     )
 
 
@@ -317,6 +320,7 @@ def load_system(root: Path, name: str) -> System:
         slurm_poll_seconds=float(slurm.get("poll_seconds", 30)),
         submission=dict(data["submission"]),
         hardware=dict(data.get("hardware") or {}),
+        max_job_minutes=data.get("max_job_minutes"),
     )
 
 

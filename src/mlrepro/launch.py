@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlrepro import implementation, mllog, secrets
-from mlrepro.config import RUN_ENV_PLACEHOLDERS, Benchmark, ConfigError, Settings, System
+from mlrepro.pretrain import segments
+from mlrepro.config import Benchmark, ConfigError, Settings, System
 from mlrepro.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 log = logging.getLogger("mlrepro.launch")
@@ -155,7 +156,8 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
     cfg = implementation_config(benchmark, system)
     root = settings.root
     seed_dir = root / "results" / benchmark_name / f"seed_{seed}"
-    places = {stage: str(stage_location(root, benchmark_name, stage)) for stage in RUN_ENV_PLACEHOLDERS}
+    places = {stage: str(stage_location(root, benchmark_name, stage)) for stage in STAGE_FOLDERS}
+    places["corpus"] = str(root / "resources" / "corpora" / (benchmark.corpus or "none"))
     env = {
         **cfg.env,
         **benchmark.env,
@@ -164,6 +166,11 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
         "SEED": str(seed),
         "NEXP": "1",
     }
+    walltime = cfg.walltime_min
+    chain = segments.limits(benchmark.pretrain, system.max_job_minutes)
+    if chain is not None:  # a checkpointing pretraining run: each job is one segment of the seed
+        env.update(segments.run_env(chain, seed_dir))
+        walltime = segments.walltime_minutes(chain, walltime)
     plan = SeedPlan(
         benchmark=benchmark_name,
         seed=seed,
@@ -173,7 +180,7 @@ def plan_seed(settings: Settings, benchmark_name: str, seed: int) -> SeedPlan:
         system_name=cfg.system,
         nodes=cfg.nodes,
         gpus_per_node=cfg.gpus_per_node,
-        walltime_minutes=cfg.walltime_min,
+        walltime_minutes=walltime,
         seed_dir=seed_dir,
         env=env,
         generated=_generated(cfg.path),

@@ -206,9 +206,15 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     run = launch.run_seed_slurm if plan.scheduler == "slurm" else launch.run_seed_local
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
     launch.verify_inputs(plan, settings.root)
+    from mlrepro.pretrain import segments
+
+    chain = segments.limits(bench.pretrain, settings.system.max_job_minutes)
     for attempt in range(bench.retries + 1):
         try:
-            run(plan, settings.system, log_path)
+            if chain is None:
+                run(plan, settings.system, log_path)
+            else:
+                segments.run_seed(plan, settings.system, log_path, run, chain)
             launch.finish_seed(plan, log_path, out, bench.not_converged)
             return
         except launch.SeedFailed as exc:
@@ -222,6 +228,10 @@ def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path)
 
     run = scoring.score_run(mllog_path, settings.benchmark(benchmark).scoring_rules())
     run["seed"] = seed if run.get("seed") is None else run["seed"]
+    from mlrepro.pretrain import segments
+
+    if chained := segments.summary(mllog_path.parent):
+        run["segments"] = chained  # a pretraining seed run as a chain of time-limited jobs
     atomic_write_json(out, run)
 
 

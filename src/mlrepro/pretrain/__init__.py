@@ -1,0 +1,1 @@
+"""Pretraining runs: checkpoint retention, time-limited segments chained into one seed, live progress."""
