@@ -171,3 +171,16 @@ def test_status_shows_a_running_pretraining_seed_with_its_progress(tmp_path):
     old = os.stat(seed / "attempt_2" / "run.log").st_mtime - 3600
     os.utime(seed / "attempt_2" / "run.log", (old, old))
     assert status.seed_status(1, seed).state == status.NOT_STARTED
+
+
+def test_the_report_shows_each_segment_of_a_chained_seed():
+    from mlrepro import report
+
+    chain = [{"index": 1, "from_step": 0, "to_step": 47, "train_s": 12.1, "wall_s": 21.0, "status": "resume"},
+             {"index": 2, "from_step": 40, "to_step": 90, "train_s": 9.0, "wall_s": 15.0, "status": "killed",
+              "error": "Slurm job 12 ended CANCELLED"},
+             {"index": 3, "from_step": 80, "to_step": 170, "train_s": 5.8, "wall_s": 11.1, "status": "success",
+              "val_loss": 3.4929}]
+    html = report._segments_html([{"seed": 1, "segments": chain}, {"seed": 2, "segments": chain[:1]}])
+    assert html.count("<tr>") == 4 and "80 &rarr; 170" in html and "CANCELLED" in html and "3.4929" in html
+    assert report._segments_html([{"seed": 2, "segments": chain[:1]}]) == ""  # one job: nothing to show
