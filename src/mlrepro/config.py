@@ -329,6 +329,21 @@ def load_corpus(root: Path, name: str) -> dict:
     return _load_named(root, "corpora", "corpus", name)[0]
 
 
+def _corpora_of_benchmark_files(root: Path) -> list[str]:
+    """The corpora that any config/benchmarks/<name>.yaml trains on: a file target names a benchmark
+    that `benchmarks:` may not list, and its corpus stages must be in the workflow all the same.
+    A file that does not read is skipped here; it is reported when its benchmark is asked for."""
+    names = []
+    for path in sorted((root / "config" / "benchmarks").glob("*.yaml")):
+        try:
+            corpus = (load_yaml(path) or {}).get("corpus")
+        except (ConfigError, AttributeError):
+            continue
+        if isinstance(corpus, str) and (root / "config" / "corpora" / f"{corpus}.yaml").is_file():
+            names.append(corpus)
+    return names
+
+
 def load(config: dict, root: str | Path) -> Settings:
     """Validate the workflow config (config.yaml plus --config overrides) and everything it names."""
     root = Path(root).resolve()
@@ -338,6 +353,7 @@ def load(config: dict, root: str | Path) -> Settings:
     if overrides:
         system = System(**{**system.__dict__, **overrides})
     benchmarks = {name: load_benchmark(root, name) for name in data["benchmarks"]}
-    corpus_names = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus)])
+    corpus_names = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus),
+                                  *_corpora_of_benchmark_files(root)])
     corpora = {name: load_corpus(root, name) for name in corpus_names}
     return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora)
