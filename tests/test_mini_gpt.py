@@ -140,19 +140,52 @@ def test_kills_mid_segment_and_between_segments_lose_at_most_one_checkpoint_inte
     assert [v for _, v in evals(seed / "mllog.txt")] == pytest.approx([v for _, v in uninterrupted], abs=1e-6)
 
 
+@pytest.fixture(scope="module")
+def corpus_only(tmp_path_factory):
+    """A workspace whose corpus stages have run (locally), for the Slurm test."""
+    tmp = tmp_path_factory.mktemp("mini_gpt_slurm")
+    ws = make_workspace(tmp / "ws")
+    server = minicorpus.serve(minicorpus.make_mini_corpus(tmp / "srv"))
+    try:
+        config = ws / "config/corpora/mini_corpus.yaml"
+        config.write_text(config.read_text().replace("127.0.0.1:18765", f"127.0.0.1:{server.server_address[1]}"))
+        run_snakemake(ws, *LOCAL, "--", "resources/corpora/mini_corpus/data_prefix.json", timeout=600)
+    finally:
+        server.shutdown()
+    return ws
+
+
 @pytest.mark.slurm
-def test_a_chained_seed_on_the_local_slurm_cluster(scored, slurm_cluster):
-    ws = scored["ws"]
+def test_a_chained_seed_on_the_local_slurm_cluster_survives_scancel(corpus_only, slurm_cluster):
+    ws = corpus_only
     variant(ws, "mini_gpt_slurm", job_seconds=20, margin=4, system_line="mini_gpt_slurm: config_CPU_2x1x16xtp1pp1cp1.sh")
-    started = time.monotonic()
-    run_snakemake(ws, "--profile", "profiles/slurm", "--config", "system=local-slurm", "corpora=[mini_corpus]",
-                  "--slurm-init-seconds-before-status-checks", "1", "--", "results/mini_gpt_slurm/seed_1/run.json",
-                  timeout=900)
     seed = ws / "results/mini_gpt_slurm/seed_1"
+    started = time.monotonic()
+    proc = subprocess.Popen(snakemake_cmd("--profile", "profiles/slurm", "--config", "system=local-slurm",
+                                          "--slurm-init-seconds-before-status-checks", "1", "--",
+                                          "results/mini_gpt_slurm/seed_1/run.json"),
+                            cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        # scancel the first job mid-segment, once it is past its first checkpoint.
+        wait_for(lambda: (checkpoints.latest(seed / "checkpoints") or checkpoints.Checkpoint(0, seed, None)).step >= 20
+                 and (progress.live(seed) or {}).get("step", 0) % CKPT_EVERY == 10, 300, "job 1 mid-way", proc)
+        at_kill = progress.live(seed)["step"]
+        job = json.loads((seed / "job.json").read_text())
+        subprocess.run(["scancel", str(job["job_id"])], check=True, timeout=60)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-4000:]
     run = json.loads((seed / "run.json").read_text())
-    jobs = [json.loads((seed / "job.json").read_text())]
-    print(f"slurm: {len(run['segments'])} segments in {time.monotonic() - started:.0f} s, "
-          f"time to train {run['minutes'] * 60:.1f} s, last job {jobs[0]['job_id']}")
-    assert run["converged"] and len(run["segments"]) >= 2
-    assert jobs[0]["scheduler"] == "slurm" and jobs[0]["attempt"] == len(run["segments"])
+    chain = run["segments"]
+    last_job = json.loads((seed / "job.json").read_text())
+    print(f"slurm: scancel of job {job['job_id']} at step {at_kill}; {len(chain)} segments in "
+          f"{time.monotonic() - started:.0f} s: " + "; ".join(f"{s['from_step']}->{s['to_step']} {s['status']}"
+                                                            for s in chain)
+          + f"; time to train {run['minutes'] * 60:.1f} s, last job {last_job['job_id']}")
+    assert chain[0]["status"] == "killed" and "CANCELLED" in chain[0]["error"]
+    assert at_kill - chain[1]["from_step"] <= CKPT_EVERY  # lost at most one checkpoint interval
+    assert run["converged"] and len(chain) >= 3 and chain[-1]["status"] == "success"
+    assert last_job["scheduler"] == "slurm" and last_job["attempt"] == len(chain)
     assert run["evals"][-1][1] <= 3.495
