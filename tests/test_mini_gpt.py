@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import mllog
+from mlrepro import mllog, slurm
 from mlrepro.corpus import minicorpus
 from mlrepro.pretrain import checkpoints, progress
 from workspace import make_workspace, planned_jobs, run_snakemake, snakemake_cmd, wait_for
 
 pytestmark = pytest.mark.slow
 
-LOCAL = ("--profile", "profiles/local", "--config", "corpora=[mini_corpus]")
+LOCAL = ("--profile", "profiles/local")  # mini_gpt names its corpus: no --config corpora=... needed
 CKPT_EVERY = 20  # config_common.sh
 
 
@@ -41,20 +41,24 @@ def variant(ws: Path, name: str, job_seconds: float, margin: float, system_line:
         system.write_text(system.read_text().replace("implementation_configs:", f"implementation_configs:\n  {system_line}"))
 
 
-@pytest.fixture(scope="module")
-def scored(tmp_path_factory):
-    """One `snakemake results/mini_gpt/score.json` from nothing: corpus stages, three seeds, score."""
-    tmp = tmp_path_factory.mktemp("mini_gpt")
+def corpus_workspace(tmp: Path, target: str) -> tuple[Path, subprocess.CompletedProcess, float]:
+    """A workspace with the miniature corpus served on localhost, and `target` made in it."""
     ws = make_workspace(tmp / "ws")
     server = minicorpus.serve(minicorpus.make_mini_corpus(tmp / "srv"))
     try:
         config = ws / "config/corpora/mini_corpus.yaml"
         config.write_text(config.read_text().replace("127.0.0.1:18765", f"127.0.0.1:{server.server_address[1]}"))
         started = time.monotonic()
-        proc = run_snakemake(ws, *LOCAL, "--", "results/mini_gpt/score.json", timeout=900)
-        seconds = time.monotonic() - started
+        proc = run_snakemake(ws, *LOCAL, "--", target, timeout=900)
+        return ws, proc, time.monotonic() - started
     finally:
         server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    """One `snakemake results/mini_gpt/score.json` from nothing: corpus stages, three seeds, score."""
+    ws, proc, seconds = corpus_workspace(tmp_path_factory.mktemp("mini_gpt"), "results/mini_gpt/score.json")
     return {"ws": ws, "proc": proc, "seconds": seconds}
 
 
@@ -143,16 +147,7 @@ def test_kills_mid_segment_and_between_segments_lose_at_most_one_checkpoint_inte
 @pytest.fixture(scope="module")
 def corpus_only(tmp_path_factory):
     """A workspace whose corpus stages have run (locally), for the Slurm test."""
-    tmp = tmp_path_factory.mktemp("mini_gpt_slurm")
-    ws = make_workspace(tmp / "ws")
-    server = minicorpus.serve(minicorpus.make_mini_corpus(tmp / "srv"))
-    try:
-        config = ws / "config/corpora/mini_corpus.yaml"
-        config.write_text(config.read_text().replace("127.0.0.1:18765", f"127.0.0.1:{server.server_address[1]}"))
-        run_snakemake(ws, *LOCAL, "--", "resources/corpora/mini_corpus/data_prefix.json", timeout=600)
-    finally:
-        server.shutdown()
-    return ws
+    return corpus_workspace(tmp_path_factory.mktemp("mini_gpt_slurm"), "resources/corpora/mini_corpus/data_prefix.json")[0]
 
 
 @pytest.mark.slurm
@@ -166,11 +161,15 @@ def test_a_chained_seed_on_the_local_slurm_cluster_survives_scancel(corpus_only,
                                           "results/mini_gpt_slurm/seed_1/run.json"),
                             cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        # scancel the first job mid-segment, once it is past its first checkpoint.
-        wait_for(lambda: (checkpoints.latest(seed / "checkpoints") or checkpoints.Checkpoint(0, seed, None)).step >= 20
-                 and (progress.live(seed) or {}).get("step", 0) % CKPT_EVERY == 10, 300, "job 1 mid-way", proc)
+        # scancel a job mid-segment, once the run is past its first checkpoint.
+        def mid_segment():
+            job = json.loads((seed / "job.json").read_text()) if (seed / "job.json").exists() else None
+            live = progress.live(seed) or {}
+            return (job if job and live.get("step", 0) >= 30 and live["step"] % CKPT_EVERY == 10
+                    and slurm.job_info(job["job_id"]).state == "RUNNING" else None)
+
+        job = wait_for(mid_segment, 600, "a job mid-way", proc)
         at_kill = progress.live(seed)["step"]
-        job = json.loads((seed / "job.json").read_text())
         subprocess.run(["scancel", str(job["job_id"])], check=True, timeout=60)
         out, _ = proc.communicate(timeout=900)
     finally:
