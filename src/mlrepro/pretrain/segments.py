@@ -151,10 +151,13 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits) -> 
         try:
             launch_one(plan, system, run_log)
         except launch.SeedFailed as exc:
-            why = (launch._read_json(plan.seed_dir / "failure.json") or {}).get("state")
+            failure = plan.seed_dir / "failure.json"
+            why = (launch._read_json(failure) or {}).get("state")
             if not exc.retry and why != "CANCELLED":
                 raise
-            raise SegmentEnded(str(exc)) from exc
+            # The chain goes on: the segment's record keeps why it ended, and the seed is not "failed".
+            failure.unlink(missing_ok=True)
+            raise SegmentEnded(f"{exc} [{why}]") from exc
 
     try:
         return run_chain(plan.seed_dir, run_log, segment, lim, failures=(SegmentEnded,))
