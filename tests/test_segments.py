@@ -184,3 +184,31 @@ def test_the_report_shows_each_segment_of_a_chained_seed():
     html = report._segments_html([{"seed": 1, "segments": chain}, {"seed": 2, "segments": chain[:1]}])
     assert html.count("<tr>") == 4 and "80 &rarr; 170" in html and "CANCELLED" in html and "3.4929" in html
     assert report._segments_html([{"seed": 2, "segments": chain[:1]}]) == ""  # one job: nothing to show
+
+
+def test_a_cancelled_job_is_one_more_segment_but_changed_inputs_still_fail_the_seed(tmp_path):
+    from types import SimpleNamespace
+
+    from mlrepro import launch
+
+    plan = SimpleNamespace(seed_dir=tmp_path)
+    trainer = Trainer(tmp_path, total=60, per_segment=30)
+    calls = []
+
+    def launch_one(_plan, _system, _log):
+        calls.append(1)
+        if len(calls) == 2:  # the second job is scancel'd before it trains
+            launch.record_failure(tmp_path, "Slurm job 7 ended CANCELLED", state="CANCELLED")
+            raise launch.SeedFailed("Slurm job 7 ended CANCELLED", retry=False)
+        trainer()
+
+    state = segments.run_seed(plan, None, tmp_path / "run.log", launch_one, segments.Limits(10, 1, 2))
+    assert [s["status"] for s in state["segments"]] == ["resume", "killed", "success"]
+    assert "CANCELLED" in state["segments"][1]["error"] and not (tmp_path / "failure.json").exists()
+
+    def changed(_plan, _system, _log):
+        launch.record_failure(tmp_path, "input files changed", state="INPUT_CHANGED")
+        raise launch.SeedFailed("inputs changed", retry=False)
+
+    with pytest.raises(launch.SeedFailed, match="inputs changed"):
+        segments.run_seed(plan, None, tmp_path / "run.log", changed, segments.Limits(10, 1, 2))
