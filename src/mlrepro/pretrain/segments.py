@@ -111,6 +111,7 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
         record = {"index": len(state["segments"]) + 1, "started": _now(), "from_step": before}
         # The previous segment's log must not speak for a job that dies before writing its own
         # (every attempt keeps its own log in attempt_K/).
+        run_log.parent.mkdir(parents=True, exist_ok=True)
         run_log.write_text("")
         try:
             run_segment()
