@@ -251,20 +251,22 @@ class Stopper:
         return self.signalled or (self.deadline is not None and time.monotonic() >= self.deadline)
 
 
-def main() -> int:
-    s = Settings()
-    import numpy as np
+def lr_at(s: Settings, step: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth of LR at MAX_STEPS."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = min(1.0, (step - s.warmup) / max(1, s.max_steps - s.warmup))
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def setup_distributed():
+    """(rank, world, device, distributed) from torchrun's or srun's environment."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from mlperf_logging.mllog import constants as C
-
-    from mlrepro.pretrain import checkpoints
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
-        device, backend = torch.device("cuda", local_rank), "nccl"
+        device, backend = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))), "nccl"
         torch.cuda.set_device(device)
     else:
         device, backend = torch.device("cpu"), "gloo"
@@ -272,125 +274,161 @@ def main() -> int:
     torch.use_deterministic_algorithms(True, warn_only=True)
     if world > 1 or "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
-    distributed = dist.is_initialized()
-    stopper = Stopper(s)
+    return rank, world, device, dist.is_initialized()
 
-    resume = checkpoints.latest(s.ckpt_dir) if s.ckpt_dir else None
-    state = torch.load(resume.path / "state.pt", weights_only=False) if resume else None
-    start_ms = state["run_start_ms"] if state else int(time.time() * 1000)
-    log = Mllog(rank, start_ms, state["clock_s"] if state else 0.0, state["mllog"] if state else [])
-    if state and rank == 0:
-        print("\n".join(log.lines), flush=True)  # the log up to the checkpoint, as it was
-        print(f"mini_gpt: resuming from {resume.path} (step {state['step']})", file=sys.stderr, flush=True)
-    if not state:
-        log("event", C.CACHE_CLEAR, False)
-        log("start", C.INIT_START)
 
-    train, val, weights = load_blend(s.data_dir, s.seq, s.eval_samples)
-    vocab = int(max(int(val.max()), *(int(t.max()) for t in train))) + 1
-    model = build_model(s, vocab).to(device)
-    gbs = s.minibs * world
-    decay, no_decay = [], []
-    for p in model.parameters():
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=s.lr, betas=(0.9, 0.95), eps=1e-5)
-    params = list(model.parameters())
+class Run:
+    """The model, optimizer and data of one run, and its step, evaluation and checkpoint."""
 
-    def lr_at(step: int) -> float:
-        if step < s.warmup:
-            return s.lr * (step + 1) / s.warmup
-        progress = min(1.0, (step - s.warmup) / max(1, s.max_steps - s.warmup))
-        return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    def __init__(self, s: Settings, rank: int, world: int, device, distributed: bool):
+        import torch
 
-    source = blending_indices(weights, gbs)  # the blend of every global batch
+        self.s, self.rank, self.world, self.device, self.distributed = s, rank, world, device, distributed
+        self.train, self.val, weights = load_blend(s.data_dir, s.seq, s.eval_samples)
+        self.vocab = int(max(int(self.val.max()), *(int(t.max()) for t in self.train))) + 1
+        self.model = build_model(s, self.vocab).to(device)
+        self.gbs = s.minibs * world
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                            {"params": no_decay, "weight_decay": 0.0}],
+                                           lr=s.lr, betas=(0.9, 0.95), eps=1e-5)
+        self.params = list(self.model.parameters())
+        self.source = blending_indices(weights, self.gbs)  # the blend of every global batch
+        self.step, self.eval_loss = 0, None
 
-    def batch_for(step: int):
+    def batch_for(self, step: int):
+        import numpy as np
+        import torch
+
         # The global batch depends on SEED and the step only: the same whatever the ranks or segments.
-        gen = np.random.default_rng([s.seed, step])
-        rows = [train[d][gen.integers(len(train[d]))] for d in source]
-        mine = np.stack(rows[rank * s.minibs:(rank + 1) * s.minibs])
-        return torch.from_numpy(mine).to(device)
+        gen = np.random.default_rng([self.s.seed, step])
+        rows = [self.train[d][gen.integers(len(self.train[d]))] for d in self.source]
+        mine = np.stack(rows[self.rank * self.s.minibs:(self.rank + 1) * self.s.minibs])
+        return torch.from_numpy(mine).to(self.device)
 
-    def evaluate() -> float:
-        model.eval()
-        totals = torch.zeros(2, dtype=torch.float64)
-        with torch.no_grad():
-            mine = torch.from_numpy(val[rank::world]).to(device)
-            for start in range(0, len(mine), 64):
-                ids = mine[start:start + 64]
-                logits = model(ids[:, :-1]).float()
-                loss = F.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1), reduction="sum")
-                totals += torch.tensor([loss.item(), ids[:, 1:].numel()], dtype=torch.float64)
-        if distributed:
-            dist.all_reduce(totals)
-        model.train()
-        return float(totals[0] / totals[1])
+    def train_step(self, votes: list[float]) -> tuple[float, list[float]]:
+        """One optimizer step; the mean loss over ranks and the sums of every rank's `votes`."""
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
 
-    if state:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, eval_loss = state["step"], state["val_loss"]
-    else:
-        step, eval_loss = 0, None
-        log_hyperparameters(log, s, gbs, sum(len(t) for t in train))
-        if distributed:
-            dist.barrier()
-        log("end", C.INIT_STOP)
-        log("start", C.RUN_START)
-        log("start", C.BLOCK_START, samples_count=0)
-    if state:
-        log.t0 = time.monotonic()  # the time to load and rebuild is not training time
-    first_step, seg_t0, clock_at_start = step, time.monotonic(), log.clock_s()
-
-    def save() -> None:
-        if rank == 0 and s.ckpt_dir is not None:
-            payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                       "val_loss": eval_loss, "clock_s": log.clock_s(), "run_start_ms": start_ms,
-                       "mllog": list(log.lines)}
-            checkpoints.save(s.ckpt_dir, step, lambda d: torch.save(payload, d / "state.pt"),
-                             {"val_loss": eval_loss, "samples": step * gbs, "clock_s": payload["clock_s"]})
-            checkpoints.prune(s.ckpt_dir, s.keep_last, s.keep_best)
-        if distributed:
-            dist.barrier()
-
-    status, outcome, iter_t = C.ABORTED, None, time.monotonic()
-    budget_s = s.max_minutes * 60.0
-    while outcome is None:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        ids = batch_for(step)
-        logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.s, self.step)
+        ids = self.batch_for(self.step)
+        loss = F.cross_entropy(self.model(ids[:, :-1]).reshape(-1, self.vocab), ids[:, 1:].reshape(-1))
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        # One collective carries the gradients, the loss and every rank's stop votes.
-        flat = torch.cat([p.grad.reshape(-1) for p in params]
-                         + [torch.tensor([loss.item(), float(stopper.due()), float(log.clock_s() > budget_s)])])
-        if distributed:
+        # One collective carries the gradients, the loss and every rank's votes.
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [torch.tensor([loss.item(), *votes])])
+        if self.distributed:
             dist.all_reduce(flat)
         offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad)).div_(world)
+        for p in self.params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad)).div_(self.world)
             offset += p.numel()
-        mean_loss, stop_votes, budget_votes = flat[-3].item() / world, flat[-2].item(), flat[-1].item()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        step += 1
-        if rank == 0 and step % 10 == 0:
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.optimizer.step()
+        self.step += 1
+        tail = flat[-1 - len(votes):].tolist()
+        return tail[0] / self.world, tail[1:]
+
+    def evaluate(self) -> float:
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        self.model.eval()
+        totals = torch.zeros(2, dtype=torch.float64)
+        with torch.no_grad():
+            mine = torch.from_numpy(self.val[self.rank::self.world]).to(self.device)
+            for start in range(0, len(mine), 64):
+                ids = mine[start:start + 64]
+                logits = self.model(ids[:, :-1]).float()
+                loss = F.cross_entropy(logits.reshape(-1, self.vocab), ids[:, 1:].reshape(-1), reduction="sum")
+                totals += torch.tensor([loss.item(), ids[:, 1:].numel()], dtype=torch.float64)
+        if self.distributed:
+            dist.all_reduce(totals)
+        self.model.train()
+        self.eval_loss = float(totals[0] / totals[1])
+        return self.eval_loss
+
+    def state(self, log: Mllog) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+                "val_loss": self.eval_loss, "clock_s": log.clock_s(), "run_start_ms": log.start_ms,
+                "mllog": list(log.lines)}
+
+    def restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.eval_loss = state["step"], state["val_loss"]
+
+    def save(self, log: Mllog) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from mlrepro.pretrain import checkpoints
+
+        if self.rank == 0 and self.s.ckpt_dir is not None:
+            payload = self.state(log)
+            checkpoints.save(self.s.ckpt_dir, self.step, lambda d: torch.save(payload, d / "state.pt"),
+                             {"val_loss": self.eval_loss, "samples": self.step * self.gbs, "clock_s": payload["clock_s"]})
+            checkpoints.prune(self.s.ckpt_dir, self.s.keep_last, self.s.keep_best)
+        if self.distributed:
+            dist.barrier()
+
+
+def start(s: Settings, run: Run, rank: int):
+    """The run's MLLOG: resumed from the last checkpoint (its log printed again first) or begun."""
+    import torch
+    import torch.distributed as dist
+    from mlperf_logging.mllog import constants as C
+
+    from mlrepro.pretrain import checkpoints
+
+    resume = checkpoints.latest(s.ckpt_dir) if s.ckpt_dir else None
+    if resume is not None:
+        state = torch.load(resume.path / "state.pt", weights_only=False)
+        log = Mllog(rank, state["run_start_ms"], state["clock_s"], state["mllog"])
+        run.restore(state)
+        if rank == 0:
+            print("\n".join(log.lines), flush=True)  # the log up to the checkpoint, as it was
+            print(f"mini_gpt: resuming from {resume.path} (step {run.step})", file=sys.stderr, flush=True)
+        log.t0 = time.monotonic()  # the time to load and rebuild is not training time
+        return log
+    log = Mllog(rank, int(time.time() * 1000), 0.0, [])
+    log("event", C.CACHE_CLEAR, False)
+    log("start", C.INIT_START)
+    log_hyperparameters(log, s, run.gbs, sum(len(t) for t in run.train))
+    if run.distributed:
+        dist.barrier()
+    log("end", C.INIT_STOP)
+    log("start", C.RUN_START)
+    log("start", C.BLOCK_START, samples_count=0)
+    return log
+
+
+def train(s: Settings, run: Run, log: Mllog, stopper: Stopper) -> tuple[str, str]:
+    """Steps until the target, MAX_STEPS, the time budget (run ends) or the job's limit (segment ends)."""
+    from mlperf_logging.mllog import constants as C
+
+    status, outcome, iter_t = C.ABORTED, None, time.monotonic()
+    while outcome is None:
+        mean_loss, (stop_votes, budget_votes) = run.train_step(
+            [float(stopper.due()), float(log.clock_s() > s.max_minutes * 60.0)])
+        if run.rank == 0 and run.step % 10 == 0:
             now = time.monotonic()
-            print(f"mini_gpt progress: step {step}/{s.max_steps} tokens {step * gbs * s.seq} loss {mean_loss:.4f} "
-                  f"iter_s {(now - iter_t) / 10:.4f}", file=sys.stderr, flush=True)
+            print(f"mini_gpt progress: step {run.step}/{s.max_steps} tokens {run.step * run.gbs * s.seq} "
+                  f"loss {mean_loss:.4f} iter_s {(now - iter_t) / 10:.4f}", file=sys.stderr, flush=True)
             iter_t = now
-        last = step >= s.max_steps or budget_votes > 0
-        if step % s.eval_every == 0 or last:
-            samples = step * gbs
+        last = run.step >= s.max_steps or budget_votes > 0
+        if run.step % s.eval_every == 0 or last:
+            samples = run.step * run.gbs
             log("end", C.BLOCK_STOP, samples_count=samples)
             log("start", C.EVAL_START, samples_count=samples)
-            eval_loss = evaluate()
-            log("event", C.EVAL_ACCURACY, eval_loss, samples_count=samples)
+            log("event", C.EVAL_ACCURACY, run.evaluate(), samples_count=samples)
             log("end", C.EVAL_STOP, samples_count=samples)
-            if eval_loss <= s.target:
+            if run.eval_loss <= s.target:
                 status, outcome = C.SUCCESS, "done"
             elif last:
                 outcome = "done"
@@ -398,16 +436,30 @@ def main() -> int:
                 log("start", C.BLOCK_START, samples_count=samples)
         if outcome is None and stop_votes > 0:
             outcome = "resume"
-            save()
-        elif outcome is None and step % s.ckpt_every == 0:
-            save()
+            run.save(log)
+        elif outcome is None and run.step % s.ckpt_every == 0:
+            run.save(log)
+    return status, outcome
 
+
+def main() -> int:
+    s = Settings()
+    import torch.distributed as dist
+    from mlperf_logging.mllog import constants as C
+
+    rank, world, device, distributed = setup_distributed()
+    stopper = Stopper(s)
+    run = Run(s, rank, world, device, distributed)
+    log = start(s, run, rank)
+    first_step, seg_t0, clock_at_start = run.step, time.monotonic(), log.clock_s()
+    status, outcome = train(s, run, log, stopper)
     if outcome == "done":
-        log("end", C.RUN_STOP, status=status, samples_count=step * gbs)
+        log("end", C.RUN_STOP, status=status, samples_count=run.step * run.gbs)
     if rank == 0:
-        record = {"status": outcome if outcome == "resume" else status, "from_step": first_step, "to_step": step,
-                  "train_s": round(log.clock_s() - clock_at_start, 3), "wall_s": round(time.monotonic() - seg_t0, 3),
-                  "val_loss": eval_loss, "clock_s": round(log.clock_s(), 3)}
+        record = {"status": outcome if outcome == "resume" else status, "from_step": first_step,
+                  "to_step": run.step, "train_s": round(log.clock_s() - clock_at_start, 3),
+                  "wall_s": round(time.monotonic() - seg_t0, 3), "val_loss": run.eval_loss,
+                  "clock_s": round(log.clock_s(), 3)}
         print(f"mini_gpt segment: {json.dumps(record)}", file=sys.stderr, flush=True)
     if distributed:
         dist.destroy_process_group()
