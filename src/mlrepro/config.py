@@ -24,7 +24,7 @@ from mlrepro import layout
 # The schemas belong to the workflow: a checkout validates its config with its own.
 SCHEMA_SUBDIR = Path("workflow") / "schemas"
 # What a benchmark's run_env values may name: the folders of those stages (see launch.plan_seed).
-RUN_ENV_PLACEHOLDERS = ("dataset", "checkpoint")
+RUN_ENV_PLACEHOLDERS = ("dataset", "checkpoint", "corpus")
 
 
 class ConfigError(ValueError):
@@ -167,6 +167,7 @@ class System:
     slurm_poll_seconds: float = 30.0
     submission: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)  # for mlrepro.plan
+    max_job_minutes: float | None = None  # the longest a job may run here (see mlrepro.pretrain.segments)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ class Benchmark:
     reference: dict | None = None  # reference runs for a benchmark with no published result
     requires: dict = field(default_factory=dict)
     min_free_gb: float = 0
+    segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.pretrain.segments)
 
     def scoring_rules(self):
         """The scoring rules of this benchmark (see mlrepro.scoring.score)."""
@@ -308,6 +310,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         reference=_reference(root, rel, data.get("reference")),
         requires=data["requires"],
         min_free_gb=data["min_free_gb"],
+        segments=data.get("segments"),
     )
 
 
@@ -345,12 +348,28 @@ def load_system(root: Path, name: str) -> System:
         slurm_poll_seconds=float(slurm.get("poll_seconds", 30)),
         submission=dict(data["submission"]),
         hardware=dict(data.get("hardware") or {}),
+        max_job_minutes=data.get("max_job_minutes"),
     )
 
 
 def load_corpus(root: Path, name: str) -> dict:
     """config/corpora/<name>.yaml, validated, defaults filled (see mlrepro.corpus)."""
     return _load_named(root, "corpora", "corpus", name)[0]
+
+
+def _corpora_of_benchmark_files(root: Path) -> list[str]:
+    """The corpora that any config/benchmarks/<name>.yaml trains on: a file target names a benchmark
+    that `benchmarks:` may not list, and its corpus stages must be in the workflow all the same.
+    A file that does not read is skipped here; it is reported when its benchmark is asked for."""
+    names = []
+    for path in sorted((root / "config" / "benchmarks").glob("*.yaml")):
+        try:
+            corpus = (load_yaml(path) or {}).get("corpus")
+        except (ConfigError, AttributeError):
+            continue
+        if isinstance(corpus, str) and (root / "config" / "corpora" / f"{corpus}.yaml").is_file():
+            names.append(corpus)
+    return names
 
 
 def load(config: dict, root: str | Path) -> Settings:
@@ -362,7 +381,8 @@ def load(config: dict, root: str | Path) -> Settings:
     if overrides:
         system = System(**{**system.__dict__, **overrides})
     benchmarks = {name: load_benchmark(root, name) for name in data["benchmarks"]}
-    corpus_names = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus)])
+    corpus_names = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus),
+                                  *_corpora_of_benchmark_files(root)])
     corpora = {name: load_corpus(root, name) for name in corpus_names}
     return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora,
                     pretrain=dict(data.get("pretrain") or {}))

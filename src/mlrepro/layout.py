@@ -73,6 +73,11 @@ def implementation_dir(root: Path, benchmark: str) -> Path:
     return resources_dir(root, benchmark) / "implementation"
 
 
+def corpus_dir(root: Path, corpus: str) -> Path:
+    """resources/corpora/<corpus>/: everything the corpus stages make of one corpus (mlrepro.corpus.stages)."""
+    return Path(root) / "resources" / "corpora" / corpus
+
+
 def resources_dir(root: Path, benchmark: str) -> Path:
     """resources/<benchmark>/: what the benchmark's runs read (implementation, data, checkpoint, image)."""
     return Path(root) / "resources" / benchmark

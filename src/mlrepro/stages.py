@@ -75,7 +75,7 @@ def base_checkpoint(settings, benchmark: str, out: Path, log_path: Path) -> None
 
 def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -> None:
     """Run the seed, retrying a failed attempt up to the benchmark's `retries` times."""
-    from mlrepro.pretrain import megatron_plan, megatron_seed
+    from mlrepro.pretrain import megatron_plan, megatron_seed, segments
 
     bench = settings.benchmark(benchmark)
     if megatron_plan.is_pretrain(settings.root, benchmark):
@@ -86,9 +86,13 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
         finish = lambda: launch.finish_seed(plan, log_path, out, bench.not_converged)  # noqa: E731
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
     launch.verify_inputs(plan, settings.root)
+    chain = segments.limits(bench.segments, settings.system.max_job_minutes)
     for attempt in range(bench.retries + 1):
         try:
-            launch.run_seed(plan, settings.system, log_path)
+            if chain is None:
+                launch.run_seed(plan, settings.system, log_path)
+            else:
+                segments.run_seed(plan, settings.system, log_path, launch.run_seed, chain)
             finish()
             return
         except launch.SeedFailed as exc:
@@ -98,9 +102,8 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
 
 
 def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:
+    from mlrepro.pretrain import megatron_plan, megatron_score, segments
     from mlrepro.scoring import score as scoring
-
-    from mlrepro.pretrain import megatron_plan, megatron_score
 
     rules = settings.benchmark(benchmark).scoring_rules()
     if megatron_plan.is_pretrain(settings.root, benchmark):
@@ -111,6 +114,8 @@ def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path)
                                                 gpu=settings.system.hardware.get("gpu"))
     else:
         run = scoring.score_run(mllog_path, rules, seed=seed)
+    if chained := segments.summary(mllog_path.parent):
+        run["segments"] = chained  # a pretraining seed run as a chain of time-limited jobs
     atomic_write_json(out, run)
 
 

@@ -48,6 +48,7 @@ class SeedStatus:
     reason: str | None = None
     attempt: int | None = None
     converged: bool | None = None
+    progress: dict | None = None  # a running pretraining seed's step, tokens, loss, ETA (mlrepro.pretrain.progress)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -89,7 +90,22 @@ def _nodes(value) -> list[str] | None:
 
 def seed_status(seed: int, folder: Path,
                 job_info: Callable[[str], slurm.JobInfo] | None = None) -> SeedStatus:
-    """The state of one seed from its folder and, if it has a live job, from Slurm."""
+    """The state of one seed from its folder and, if it has a live job, from Slurm; a seed still
+    at work shows its progress (step, tokens, loss, ETA) from its live log."""
+    from mlrepro.pretrain import progress
+
+    status = _seed_status(seed, folder, job_info)
+    training = status.state not in (DONE, FAILED, MISSING) and not (folder / "mllog.txt").is_file()
+    if training and (found := progress.live(folder)):
+        status.progress = found
+        status.reason = progress.describe(found)
+        if status.state == NOT_STARTED and found["age_s"] < progress.STALE_S:  # a local seed (no Slurm job id) that is writing its log
+            status.state = RUNNING
+    return status
+
+
+def _seed_status(seed: int, folder: Path,
+                 job_info: Callable[[str], slurm.JobInfo] | None = None) -> SeedStatus:
     if not folder.is_dir():
         return SeedStatus(seed=seed, state=MISSING)
     job = _read_json(folder / "job.json")

@@ -143,12 +143,16 @@ def container_ready(wc):
 
 def seed_data(wc):
     """Input helper: what a seed trains on, as ancient() (a finished seed is never rerun for it):
-    the dataset and checkpoint stages' manifests, or for a pretraining benchmark the corpus stages'
-    blend (resources/corpora/<corpus>/data_prefix.json)."""
-    if mlrepro_systems.is_pretrain(SETTINGS.root, bench(wc.benchmark)):
-        return {"corpus": ancient(str(megatron_plan.benchmark_corpus_dir(Path("."), wc.benchmark) / "data_prefix.json"))}
-    return {stage: ancient(f"resources/{wc.benchmark}/{folder}/manifest.json")
-            for stage, folder in layout.STAGE_FOLDERS.items()}
+    the manifests of the dataset and checkpoint stages its benchmark configures (a model pretrained
+    from scratch has no checkpoint), and the blend of its pretraining corpus (corpus.smk)."""
+    b = bench(wc.benchmark)
+    files = {stage: f"resources/{wc.benchmark}/{folder}/manifest.json"
+             for stage, folder in layout.STAGE_FOLDERS.items() if getattr(b, stage)}
+    if mlrepro_systems.is_pretrain(SETTINGS.root, b):
+        files["corpus"] = str(megatron_plan.benchmark_corpus_dir(Path("."), wc.benchmark) / "data_prefix.json")
+    elif b.corpus:
+        files["corpus"] = str(layout.corpus_dir(Path("."), b.corpus) / "data_prefix.json")
+    return {name: ancient(f) for name, f in files.items()}
 
 
 def implementation_files(wc):

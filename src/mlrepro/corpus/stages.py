@@ -26,6 +26,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from mlrepro import layout
 from mlrepro.corpus import array, blend, concat, extract, preprocess, shards
 from mlrepro.data import checks, http
 from mlrepro.util.fsutil import atomic_write_json
@@ -36,7 +37,7 @@ TOKENIZER_FILES = ("vocab_file", "merge_file", "tokenizer_model")
 
 
 def folder(root: Path, name: str) -> Path:
-    return Path(root) / "resources" / "corpora" / name
+    return layout.corpus_dir(root, name)
 
 
 def shard_list(corpus: dict, root: Path) -> list[shards.Shard]:

@@ -24,13 +24,13 @@ from pathlib import Path
 
 from mlrepro import layout
 from mlrepro.config import (
-    RUN_ENV_PLACEHOLDERS,
     Benchmark,
     ConfigError,
     Settings,
     System,
 )
 from mlrepro.implementation import configs as implementation
+from mlrepro.pretrain import segments
 from mlrepro.scoring import mllog
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
@@ -135,7 +135,8 @@ def plan_seed(settings: Settings, benchmark: str, seed: int) -> SeedPlan:
     cfg = implementation_config(bench, system)
     root = settings.root
     seed_dir = layout.seed_dir(root, benchmark, seed)
-    places = {stage: str(layout.stage_location(root, benchmark, stage)) for stage in RUN_ENV_PLACEHOLDERS}
+    places = {stage: str(layout.stage_location(root, benchmark, stage)) for stage in layout.STAGE_FOLDERS}
+    places["corpus"] = str(layout.corpus_dir(root, bench.corpus or "none"))
     env = {
         **cfg.env,
         **bench.env,
@@ -144,6 +145,11 @@ def plan_seed(settings: Settings, benchmark: str, seed: int) -> SeedPlan:
         "SEED": str(seed),
         "NEXP": "1",
     }
+    walltime = cfg.walltime_min
+    chain = segments.limits(bench.segments, system.max_job_minutes)
+    if chain is not None:  # a checkpointing pretraining run: each job is one segment of the seed
+        env.update(segments.run_env(chain, seed_dir))
+        walltime = segments.walltime_minutes(chain, walltime)
     plan = SeedPlan(
         benchmark=benchmark,
         seed=seed,
@@ -153,7 +159,7 @@ def plan_seed(settings: Settings, benchmark: str, seed: int) -> SeedPlan:
         dgxsystem=cfg.dgxsystem,
         nodes=cfg.nodes,
         gpus_per_node=cfg.gpus_per_node,
-        walltime_minutes=cfg.walltime_min,
+        walltime_minutes=walltime,
         seed_dir=seed_dir,
         env=env,
         job_name=job_name(benchmark, seed, seed_dir),

@@ -1,1 +1,1 @@
-"""GPT pretraining runs: Megatron-LM launch lines, training-log scoring, chained segments."""
+"""Pretraining runs: Megatron-LM plans, launch lines and log scoring; checkpointed segments chained into one seed; live progress."""

@@ -149,6 +149,7 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
             f"{'yes' if r.get('counted') else 'no'}</td><td>{'<br>'.join(_e(n) for n in notes[:8])}</td>"
             f"<td class='small'>{_e('/'.join(Path(str(r.get('file'))).parts[-2:]))}</td></tr>")
     parts.append("</table>")
+    parts.append(_segments_html(score.get("runs") or []))
     parts.append(f"<h2>Convergence</h2><figure id='eval-plot'>{figures['convergence']}</figure>")
     parts.append(f"<h2>Time to train</h2><figure id='time-plot'>{figures['time_to_train']}</figure>")
     rcp = score["rcp"]
@@ -164,6 +165,23 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
                  f"<tr><th>scaling factor</th><td>{_num(rcp.get('scaling_factor'), '.6f')}</td></tr></table>")
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def _segments_html(runs: list[dict]) -> str:
+    """Seeds run as a chain of time-limited jobs (mlrepro.pretrain.segments): one row per job."""
+    chained = [r for r in runs if len(r.get("segments") or []) > 1]
+    if not chained:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(r.get('seed'))}</td><td>{_e(s.get('index'))}</td><td>{_e(s.get('from_step'))} &rarr; "
+        f"{_e(s.get('to_step'))}</td><td>{_num(s.get('train_s'), '.1f')}</td><td>{_num(s.get('wall_s'), '.1f')}</td>"
+        f"<td class='{'bad' if s.get('status') == 'killed' else 'ok'}'>{_e(s.get('status'))}</td>"
+        f"<td>{_num(s.get('val_loss'), '.4f')}</td><td class='small'>{_e(s.get('error') or '')}</td></tr>"
+        for r in chained for s in r["segments"])
+    return ("<h2>Segments</h2><div class='small'>Seeds longer than the job limit ran as chained jobs, each resuming "
+            "from the last checkpoint; time to train adds up the segments' training time.</div>"
+            "<table id='segments'><tr><th>seed</th><th>job</th><th>steps</th><th>training s</th><th>wall s</th>"
+            f"<th>ended</th><th>val loss</th><th>error</th></tr>{rows}</table>")
 
 
 def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, out_html: str | os.PathLike,

@@ -1,0 +1,76 @@
+"""Live progress of a running pretraining seed, read from its log: step, tokens, loss and an ETA.
+
+Two trainers' progress lines are understood: mini_gpt's
+    mini_gpt progress: step 120/400 tokens 245760 loss 3.5200 iter_s 0.1300
+and Megatron-LM's training log (megatron/training/training.py, training_log):
+    iteration      120/     400 | consumed samples: 3840 | elapsed time per iteration (ms): 130.0 | ... lm loss: 3.52E+00 |
+(Megatron prints samples, not tokens: tokens are samples x SEQ_LEN when the run's environment
+says it). The ETA is the steps left to the last step at the mean of the recent iteration times.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+MINI = re.compile(r"progress: step (\d+)/(\d+) tokens (\d+) loss ([-\d.eE+naif]+) iter_s ([\d.eE+-]+)")
+MEGATRON = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?consumed samples:\s+(\d+) \|"
+                      r".*?elapsed time per iteration \(ms\): ([\d.]+) \|(?:.*?lm loss: ([-\d.eE+]+))?")
+RECENT = 5  # progress lines the ETA averages over
+STALE_S = 120  # a log untouched for longer is not a run at work (a killed workflow's last attempt)
+TAIL_BYTES = 1 << 16
+
+
+def parse(text: str, seq_len: int | None = None) -> dict | None:
+    """The latest progress in a log's text: step, max_steps, tokens, loss, iter_s, eta_s (None if none)."""
+    points = []
+    for m in MINI.finditer(text):
+        points.append((int(m[1]), int(m[2]), int(m[3]), float(m[4]), float(m[5])))
+    for m in MEGATRON.finditer(text):
+        tokens = int(m[3]) * seq_len if seq_len else None
+        points.append((int(m[1]), int(m[2]), tokens, float(m[5]) if m[5] else None, float(m[4]) / 1000))
+    if not points:
+        return None
+    step, max_steps, tokens, loss, _ = points[-1]
+    recent = [p[4] for p in points[-RECENT:]]
+    iter_s = sum(recent) / len(recent)
+    return {"step": step, "max_steps": max_steps, "tokens": tokens, "loss": loss, "iter_s": round(iter_s, 4),
+            "eta_s": round(max(0, max_steps - step) * iter_s, 1)}
+
+
+def _tail(path: Path) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        fh.seek(max(0, fh.tell() - TAIL_BYTES))
+        return fh.read().decode(errors="replace")
+
+
+def live(seed_dir: Path) -> dict | None:
+    """The progress of the seed's current attempt (its job.json's logdir), or None."""
+    try:
+        job = json.loads((seed_dir / "job.json").read_text())
+    except (OSError, ValueError):
+        return None
+    logdir = Path(job.get("logdir") or "")
+    if not job.get("logdir") or not logdir.is_dir():
+        return None
+    logs = sorted((p for p in logdir.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return None
+    found = parse(_tail(logs[-1]))
+    if found is not None:
+        found["segment"] = job.get("attempt")
+        found["age_s"] = round(time.time() - logs[-1].stat().st_mtime, 1)
+    return found
+
+
+def describe(p: dict) -> str:
+    """'step 120/400, 245,760 tokens, loss 3.520, ETA 0:36 (0.130 s/step)'."""
+    from mlrepro.status import _format_elapsed
+
+    tokens = f", {p['tokens']:,} tokens" if p.get("tokens") is not None else ""
+    loss = f", loss {p['loss']:.3f}" if p.get("loss") is not None else ""
+    return (f"step {p['step']}/{p['max_steps']}{tokens}{loss}, ETA {_format_elapsed(p['eta_s'])} "
+            f"({p['iter_s']:.3f} s/step)")

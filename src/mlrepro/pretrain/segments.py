@@ -1,0 +1,171 @@
+"""A pretraining seed as a chain of time-limited jobs, each resuming from the last checkpoint.
+
+A benchmark with a `segments:` block gives its trainer a checkpoint folder (the seed's
+checkpoints/) and, when a job limit applies (the benchmark's job_seconds or the system's
+max_job_minutes, the shorter), that limit and a margin: the trainer stops `margin` before the
+limit, writes a checkpoint and ends without run_stop, printing a `segment: {json}` line. The
+chain runs segment after segment (each one an attempt of the seed, submitted by mlrepro.launch)
+until the run's log has run_stop. Its state is on disk in the seed's folder (segments.json and
+the checkpoints), so a workflow killed between segments goes on where it was when run again; a
+segment that dies without a checkpoint (SIGKILL, scancel) is followed by one that resumes from
+the last good checkpoint. `max_stalls` segments in a row without a new checkpoint fail the seed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from mlrepro import layout
+from mlrepro.util.fsutil import atomic_write_json
+from mlrepro.pretrain import checkpoints
+
+STATE = "segments.json"
+CHECKPOINTS = "checkpoints"
+SEGMENT_LINE = re.compile(r"\bsegment: (\{.*\})\s*$", re.MULTILINE)
+RUN_STOP = re.compile(r':::MLLOG .*"key": "run_stop"')
+
+
+@dataclass(frozen=True)
+class Limits:
+    job_seconds: float | None  # None: no limit, the seed is one job (still checkpointed)
+    margin_seconds: float
+    max_stalls: int
+
+
+def limits(segments: dict | None, max_job_minutes: float | None) -> Limits | None:
+    """The job limit a benchmark's seeds run under on a system; None for a benchmark that does not checkpoint."""
+    if segments is None:
+        return None
+    candidates = [v for v in (segments.get("job_seconds"), max_job_minutes and 60.0 * max_job_minutes) if v]
+    return Limits(min(candidates) if candidates else None, float(segments.get("margin_seconds", 0)),
+                  int(segments.get("max_stalls", 2)))
+
+
+def run_env(lim: Limits, seed_dir: Path) -> dict[str, str]:
+    """What the trainer is told: where to checkpoint, and the job's limit and margin."""
+    env = {"CHECKPOINT_DIR": str(seed_dir / CHECKPOINTS)}
+    if lim.job_seconds:
+        env.update(JOB_SECONDS=f"{lim.job_seconds:g}", MARGIN_SECONDS=f"{lim.margin_seconds:g}")
+    return env
+
+
+def walltime_minutes(lim: Limits, config_minutes: int) -> int:
+    """A segment's scheduler wall-time: the job limit (whole minutes, as Slurm counts), else the config's."""
+    return max(1, math.ceil(lim.job_seconds / 60)) if lim.job_seconds else config_minutes
+
+
+def segment_record(log_text: str) -> dict | None:
+    """The trainer's last `segment: {...}` line: status, from_step, to_step, train_s, wall_s, val_loss."""
+    found = SEGMENT_LINE.findall(log_text)
+    if not found:
+        return None
+    try:
+        return json.loads(found[-1])
+    except ValueError:
+        return None
+
+
+def finished(log_text: str) -> bool:
+    return RUN_STOP.search(log_text) is not None
+
+
+def read_state(seed_dir: Path) -> dict:
+    try:
+        state = json.loads((seed_dir / STATE).read_text())
+    except (FileNotFoundError, ValueError):
+        return {"segments": []}
+    return state if isinstance(state.get("segments"), list) else {"segments": []}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _step(folder: Path) -> int:
+    last = checkpoints.latest(folder)
+    return last.step if last else 0
+
+
+class ChainStalled(RuntimeError):
+    """Segments in a row ended without a new checkpoint: the chain would not get anywhere."""
+
+
+def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], lim: Limits,
+              failures: tuple[type[BaseException], ...] = ()) -> dict:
+    """Run segments until the run's log (run_log, the last segment's) has run_stop; the chain's state.
+
+    `run_segment` launches one job and returns when it ends; an exception in `failures` (a failed
+    or killed job) ends that segment, and the next one resumes from the last good checkpoint.
+    """
+    state = read_state(seed_dir)
+    folder = seed_dir / CHECKPOINTS
+    stalls = 0
+    while True:
+        before, started, error = _step(folder), time.monotonic(), None
+        record = {"index": len(state["segments"]) + 1, "started": _now(), "from_step": before}
+        # The previous segment's log must not speak for a job that dies before writing its own
+        # (every attempt keeps its own log in attempt_K/).
+        run_log.parent.mkdir(parents=True, exist_ok=True)
+        run_log.write_text("")
+        try:
+            run_segment()
+        except failures as exc:
+            error = exc
+        text = run_log.read_text(errors="replace") if run_log.exists() else ""
+        said = segment_record(text) or {}
+        done = finished(text)
+        after = said.get("to_step", _step(folder)) if done else _step(folder)
+        record.update(ended=_now(), to_step=after, wall_s=round(time.monotonic() - started, 3),
+                      train_s=said.get("train_s"), val_loss=said.get("val_loss"),
+                      status=said.get("status") if said else "killed", error=str(error) if error else None)
+        if said and said.get("from_step") is not None:
+            record["from_step"] = said["from_step"]
+        state["segments"].append(record)
+        atomic_write_json(seed_dir / STATE, state)
+        if done:
+            return state
+        stalls = stalls + 1 if after <= before else 0
+        if stalls > lim.max_stalls:
+            raise ChainStalled(f"{seed_dir.name}: {stalls} segment(s) in a row ended without a new checkpoint "
+                               f"(last at step {after}); last error: {error or 'none'}") from error
+
+
+def summary(seed_dir: Path) -> list[dict]:
+    """The seed's segments for its run record and report (empty for a seed that ran as one job)."""
+    return read_state(seed_dir)["segments"]
+
+
+class SegmentEnded(RuntimeError):
+    """A segment's job failed or was killed; the chain goes on from the last good checkpoint."""
+
+
+def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits) -> dict:
+    """The seed's chain, each segment launched by `launch_one(plan, system, run_log)` (mlrepro.launch's
+    local or Slurm path). A failure that retrying cannot mend (changed inputs, leftover processes,
+    a full disk) still fails the seed; a cancelled or crashed job is one more segment."""
+    from mlrepro.launch import plan as launch
+
+    def segment() -> None:
+        try:
+            launch_one(plan, system, run_log)
+        except launch.SeedFailed as exc:
+            failure = plan.seed_dir / "failure.json"
+            why = (layout.read_json_if_exists(failure) or {}).get("state")
+            if not exc.retry and why != "CANCELLED":
+                raise
+            # The chain goes on: the segment's record keeps why it ended, and the seed is not "failed".
+            failure.unlink(missing_ok=True)
+            raise SegmentEnded(f"{exc} [{why}]") from exc
+
+    try:
+        return run_chain(plan.seed_dir, run_log, segment, lim, failures=(SegmentEnded,))
+    except ChainStalled as exc:
+        launch.record_failure(plan.seed_dir, str(exc), state="STALLED")
+        raise launch.SeedFailed(str(exc)) from None

@@ -1,0 +1,191 @@
+"""mini_gpt through the real snakemake: from the corpus stages to a score, chained time-limited jobs
+that resume to the same loss as an uninterrupted run, kills that lose at most one checkpoint
+interval, and a chained seed on the local Slurm cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlrepro.scoring import mllog
+from mlrepro.slurm import client as slurm
+from mlrepro.corpus import minicorpus
+from mlrepro.pretrain import checkpoints, progress
+from workspace import make_workspace, planned_jobs, run_snakemake, snakemake_cmd, wait_for
+
+pytestmark = pytest.mark.slow
+
+LOCAL = ("--profile", "profiles/local")  # mini_gpt names its corpus: no --config corpora=... needed
+CKPT_EVERY = 20  # config_common.sh
+
+
+def evals(mllog_path: Path) -> list[tuple[int, float]]:
+    parsed = mllog.parse_text(mllog_path.read_text(), source=str(mllog_path))
+    return [(e.metadata["samples_count"], e.value) for e in parsed.all("eval_accuracy")]
+
+
+def variant(ws: Path, name: str, job_seconds: float, margin: float, system_line: str | None = None) -> None:
+    """config/benchmarks/<name>.yaml: mini_gpt's seed 1 alone, under a job limit."""
+    spec = yaml.safe_load((ws / "config/benchmarks/mini_gpt.yaml").read_text())
+    spec.update(name=name, seeds=[1], required_runs=1)
+    spec["segments"].update(job_seconds=job_seconds, margin_seconds=margin)
+    (ws / f"config/benchmarks/{name}.yaml").write_text(yaml.safe_dump(spec))
+    if system_line:
+        system = ws / "config/systems/local-slurm.yaml"
+        system.write_text(system.read_text().replace("implementation_configs:", f"implementation_configs:\n  {system_line}"))
+
+
+def corpus_workspace(tmp: Path, target: str) -> tuple[Path, subprocess.CompletedProcess, float]:
+    """A workspace with the miniature corpus served on localhost, and `target` made in it."""
+    ws = make_workspace(tmp / "ws")
+    server = minicorpus.serve(minicorpus.make_mini_corpus(tmp / "srv"))
+    try:
+        config = ws / "config/corpora/mini_corpus.yaml"
+        config.write_text(config.read_text().replace("127.0.0.1:18765", f"127.0.0.1:{server.server_address[1]}"))
+        started = time.monotonic()
+        proc = run_snakemake(ws, *LOCAL, "--", target, timeout=900)
+        return ws, proc, time.monotonic() - started
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    """One `snakemake results/mini_gpt/score.json` from nothing: corpus stages, three seeds, score."""
+    ws, proc, seconds = corpus_workspace(tmp_path_factory.mktemp("mini_gpt"), "results/mini_gpt/score.json")
+    return {"ws": ws, "proc": proc, "seconds": seconds}
+
+
+def test_end_to_end_locally_from_the_corpus_stages(scored):
+    ws = scored["ws"]
+    log = scored["proc"].stdout + scored["proc"].stderr
+    jobs = planned_jobs(log)
+    assert jobs["corpus_preprocess"] == 3 and jobs["corpus_blend"] == 1 and jobs["train_seed"] == 3, jobs
+    score = json.loads((ws / "results/mini_gpt/score.json").read_text())
+    runs = [json.loads((ws / f"results/mini_gpt/seed_{s}/run.json").read_text()) for s in (1, 2, 3)]
+    times = [r["minutes"] * 60 for r in runs]
+    print(f"mini_gpt end to end: {scored['seconds']:.0f} s; seeds {[round(t, 1) for t in times]} s; "
+          f"samples {[r['samples_to_converge'] for r in runs]}")
+    assert all(r["converged"] for r in runs) and score
+    # Calibrated for 20-60 s a seed on an idle 2-core machine; a shared one is slower, so the bound is loose.
+    assert all(5 <= t <= 300 for t in times)
+    # Each seed trained from scratch: its first evaluation is far above the target, its last at it.
+    for r in runs:
+        assert r["evals"][0][1] > 5 and r["evals"][-1][1] <= 3.495
+        assert [s["status"] for s in r["segments"]] == ["success"]
+    assert (ws / "results/mini_gpt/report.html").is_file()
+    assert json.loads((ws / "results/mini_gpt/verdict.json").read_text())
+    # Checkpoints kept by policy (config_common.sh): the best two by val_loss plus the last, never more.
+    kept = checkpoints.listing(ws / "results/mini_gpt/seed_1/checkpoints")
+    assert 2 <= len(kept) <= 3
+
+
+def test_a_seed_longer_than_its_job_limit_runs_as_chained_jobs_to_the_same_loss(scored):
+    ws = scored["ws"]
+    variant(ws, "mini_gpt_chain", job_seconds=10, margin=2)
+    started = time.monotonic()
+    run_snakemake(ws, *LOCAL, "--", "results/mini_gpt_chain/seed_1/run.json", timeout=600)
+    seed = ws / "results/mini_gpt_chain/seed_1"
+    run = json.loads((seed / "run.json").read_text())
+    chain = run["segments"]
+    print(f"chained: {len(chain)} segments in {time.monotonic() - started:.0f} s: "
+          + "; ".join(f"{s['from_step']}->{s['to_step']} {s['status']} train {s['train_s']} s wall {s['wall_s']} s"
+                      for s in chain) + f"; time to train {run['minutes'] * 60:.1f} s")
+    assert len(chain) >= 3 and [s["status"] for s in chain[:-1]] == ["resume"] * (len(chain) - 1)
+    assert chain[-1]["status"] == "success"
+    assert all(a["to_step"] == b["from_step"] for a, b in zip(chain, chain[1:]))  # each resumed where it stopped
+    assert len(list(seed.glob("attempt_*"))) == len(chain)
+    # Time to train is the sum of the segments' training time, not the wall-clock of the chain.
+    assert run["minutes"] * 60 == pytest.approx(sum(s["train_s"] for s in chain), rel=0.05, abs=1.0)
+    uninterrupted = evals(ws / "results/mini_gpt/seed_1/mllog.txt")
+    chained = evals(seed / "mllog.txt")
+    assert [n for n, _ in chained] == [n for n, _ in uninterrupted]
+    assert [v for _, v in chained] == pytest.approx([v for _, v in uninterrupted], abs=1e-6)
+
+
+def test_kills_mid_segment_and_between_segments_lose_at_most_one_checkpoint_interval(scored):
+    ws = scored["ws"]
+    variant(ws, "mini_gpt_kill", job_seconds=12, margin=2)
+    seed = ws / "results/mini_gpt_kill/seed_1"
+    target = "results/mini_gpt_kill/seed_1/mllog.txt"
+    first = subprocess.Popen(snakemake_cmd(*LOCAL, "--", target), cwd=ws, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        # Mid-segment: SIGKILL the first job's run_and_time.sh (its ranks go with it) once it is past a checkpoint.
+        wait_for(lambda: (checkpoints.latest(seed / "checkpoints") or checkpoints.Checkpoint(0, seed, None)).step >= 20
+                 and (progress.live(seed) or {}).get("step", 0) % CKPT_EVERY == 10, 180, "segment 1 mid-way", first)
+        at_kill = progress.live(seed)["step"]
+        os.kill(int((seed / "attempt_1/run.pid").read_text()), signal.SIGKILL)
+        # Between segments: the workflow is killed as soon as the second segment has ended.
+        wait_for(lambda: len(json.loads((seed / "segments.json").read_text())["segments"]) >= 2
+                 if (seed / "segments.json").exists() else False, 240, "two segments recorded", first)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    before = json.loads((seed / "segments.json").read_text())["segments"]
+    run_snakemake(ws, "--unlock", *LOCAL)
+    run_snakemake(ws, *LOCAL, "--", target, timeout=600)
+    chain = json.loads((seed / "segments.json").read_text())["segments"]
+    print(f"killed at step {at_kill}: " + "; ".join(f"{s['from_step']}->{s['to_step']} {s['status']}" for s in chain))
+    assert chain[0]["status"] == "killed"
+    assert at_kill - chain[1]["from_step"] <= CKPT_EVERY  # lost at most one checkpoint interval
+    after_restart = chain[len(before)]
+    assert after_restart["from_step"] >= before[-1]["to_step"]  # the workflow's death lost nothing saved
+    assert chain[-1]["status"] == "success"
+    uninterrupted = evals(ws / "results/mini_gpt/seed_1/mllog.txt")
+    assert [v for _, v in evals(seed / "mllog.txt")] == pytest.approx([v for _, v in uninterrupted], abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def corpus_only(tmp_path_factory):
+    """A workspace whose corpus stages have run (locally), for the Slurm test."""
+    return corpus_workspace(tmp_path_factory.mktemp("mini_gpt_slurm"), "resources/corpora/mini_corpus/data_prefix.json")[0]
+
+
+@pytest.mark.slurm
+def test_a_chained_seed_on_the_local_slurm_cluster_survives_scancel(corpus_only, slurm_cluster):
+    ws = corpus_only
+    variant(ws, "mini_gpt_slurm", job_seconds=20, margin=4, system_line="mini_gpt_slurm: config_CPU_2x1x16xtp1pp1cp1.sh")
+    seed = ws / "results/mini_gpt_slurm/seed_1"
+    started = time.monotonic()
+    proc = subprocess.Popen(snakemake_cmd("--profile", "profiles/slurm", "--config", "system=local-slurm",
+                                          "--slurm-init-seconds-before-status-checks", "1", "--",
+                                          "results/mini_gpt_slurm/seed_1/run.json"),
+                            cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        # scancel a job mid-segment, once the run is past its first checkpoint.
+        def mid_segment():
+            job = json.loads((seed / "job.json").read_text()) if (seed / "job.json").exists() else None
+            live = progress.live(seed) or {}
+            return (job if job and live.get("step", 0) >= 30 and live["step"] % CKPT_EVERY == 10
+                    and slurm.job_info(job["job_id"]).state == "RUNNING" else None)
+
+        job = wait_for(mid_segment, 600, "a job mid-way", proc)
+        at_kill = progress.live(seed)["step"]
+        subprocess.run(["scancel", str(job["job_id"])], check=True, timeout=60)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-4000:]
+    run = json.loads((seed / "run.json").read_text())
+    chain = run["segments"]
+    last_job = json.loads((seed / "job.json").read_text())
+    print(f"slurm: scancel of job {job['job_id']} at step {at_kill}; {len(chain)} segments in "
+          f"{time.monotonic() - started:.0f} s: " + "; ".join(f"{s['from_step']}->{s['to_step']} {s['status']}"
+                                                            for s in chain)
+          + f"; time to train {run['minutes'] * 60:.1f} s, last job {last_job['job_id']}")
+    assert chain[0]["status"] == "killed" and "CANCELLED" in chain[0]["error"]
+    assert at_kill - chain[1]["from_step"] <= CKPT_EVERY  # lost at most one checkpoint interval
+    assert run["converged"] and len(chain) >= 3 and chain[-1]["status"] == "success"
+    assert last_job["scheduler"] == "slurm" and last_job["attempt"] == len(chain)
+    assert run["evals"][-1][1] <= 3.495
