@@ -12,7 +12,8 @@ def test_the_score_plans_the_corpus_stages_before_the_seeds(tmp_path):
     ws = make_workspace(tmp_path / "ws")
     proc = run_snakemake(ws, "-n", "--", "results/mini_gpt/score.json", timeout=300)
     jobs = planned_jobs(proc.stdout + proc.stderr)
-    assert jobs["train_seed"] == 3 and jobs["corpus_preprocess"] == 3 and jobs["corpus_blend"] == 1
+    # the corpus is preprocessed by one job (one array on Slurm, see mlrepro.corpus.array)
+    assert jobs["train_seed"] == 3 and jobs["corpus_preprocess"] == 1 and jobs["corpus_blend"] == 1
     assert "dataset" not in jobs and "base_checkpoint" not in jobs  # pretrained from scratch on the corpus
     # Every seed waits for the corpus's blend (and the container), which the corpus stages build.
     lines = (proc.stdout + proc.stderr).splitlines()
