@@ -15,5 +15,5 @@ include: "workflow/rules/preflight.smk"
 rule all:
     input:
         all_targets(),
-        corpus_stages.targets(SETTINGS.corpora, workflow.basedir),
+        corpus_stages.targets({n: SETTINGS.corpora[n] for n in SETTINGS.default_corpora}, workflow.basedir),
     default_target: True

@@ -216,7 +216,8 @@ class Settings:
     benchmarks: dict[str, Benchmark]  # those under `benchmarks:`, the default target
     system: System
     submitter: str
-    corpora: dict[str, dict] = field(default_factory=dict)
+    corpora: dict[str, dict] = field(default_factory=dict)  # every corpus a rule may build (any benchmark file's)
+    default_corpora: tuple[str, ...] = ()  # those `corpora:` and the listed benchmarks name: the default target
     pretrain: dict = field(default_factory=dict)  # run settings of the GPT pretraining seeds (mlrepro.pretrain.megatron_seed)
     # Any other config/benchmarks/<name>.yaml is loaded (and validated) when first asked for:
     # a file target names its benchmark, listed or not.
@@ -381,8 +382,7 @@ def load(config: dict, root: str | Path) -> Settings:
     if overrides:
         system = System(**{**system.__dict__, **overrides})
     benchmarks = {name: load_benchmark(root, name) for name in data["benchmarks"]}
-    corpus_names = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus),
-                                  *_corpora_of_benchmark_files(root)])
-    corpora = {name: load_corpus(root, name) for name in corpus_names}
+    listed = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus)])
+    corpora = {name: load_corpus(root, name) for name in dict.fromkeys([*listed, *_corpora_of_benchmark_files(root)])}
     return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora,
-                    pretrain=dict(data.get("pretrain") or {}))
+                    default_corpora=tuple(listed), pretrain=dict(data.get("pretrain") or {}))

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
+from mlrepro import layout
 from mlrepro.plan import hardware, search, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch
@@ -62,9 +63,9 @@ class Planned:
 
 
 def benchmark_corpus_dir(root: Path, benchmark: str) -> Path:
-    """resources/corpora/<corpus>/ of the benchmark's corpus (pretrain.corpus, mini_corpus by default)."""
+    """resources/corpora/<corpus>/ of the benchmark's `corpus:` (mini_corpus when it names none)."""
     data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
-    return root / "resources" / "corpora" / (data.get("corpus") or (data.get("pretrain") or {}).get("corpus", "mini_corpus"))
+    return layout.corpus_dir(root, data.get("corpus") or "mini_corpus")
 
 
 def variants(root: Path, benchmark: str) -> dict[str, Variant]:
