@@ -192,6 +192,12 @@ class Benchmark:
     requires: dict = field(default_factory=dict)
     min_free_gb: float = 0
     segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.pretrain.segments)
+    pretrain: dict | None = None  # GPT pretraining: model, tokens, layouts (see mlrepro.pretrain.megatron_plan)
+
+    @property
+    def is_pretrain(self) -> bool:
+        """Planned and launched by mlrepro.pretrain (no published config_<SYS>.sh)."""
+        return self.pretrain is not None
 
     def scoring_rules(self):
         """The scoring rules of this benchmark (see mlrepro.scoring.score)."""
@@ -312,6 +318,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         requires=data["requires"],
         min_free_gb=data["min_free_gb"],
         segments=data.get("segments"),
+        pretrain=data.get("pretrain"),
     )
 
 

@@ -39,11 +39,9 @@ def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> N
     """Build the implementation's image (or, with runtime none, record this machine's environment)."""
     from mlrepro.container import image as containers
 
-    from mlrepro.pretrain import megatron_plan
-
     bench = settings.benchmark(benchmark)
     # A pretraining benchmark has one folder for every layout (the planner, not config_<SYS>.sh, sets it).
-    folder = (Path(bench.implementation_dir) if megatron_plan.is_pretrain(settings.root, benchmark)
+    folder = (Path(bench.implementation_dir) if bench.is_pretrain
               else launch.implementation_config(bench, settings.system).path.parent)
     runtime = settings.system.container_runtime
     containers.build_container(
@@ -75,10 +73,10 @@ def base_checkpoint(settings, benchmark: str, out: Path, log_path: Path) -> None
 
 def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -> None:
     """Run the seed, retrying a failed attempt up to the benchmark's `retries` times."""
-    from mlrepro.pretrain import megatron_plan, megatron_seed, segments
+    from mlrepro.pretrain import megatron_seed, segments
 
     bench = settings.benchmark(benchmark)
-    if megatron_plan.is_pretrain(settings.root, benchmark):
+    if bench.is_pretrain:
         plan = megatron_seed.prepare(settings, benchmark, seed)
         finish = lambda: megatron_seed.finish_seed(plan, log_path, out)  # noqa: E731
     else:
@@ -105,8 +103,9 @@ def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path)
     from mlrepro.pretrain import megatron_plan, megatron_score, segments
     from mlrepro.scoring import score as scoring
 
-    rules = settings.benchmark(benchmark).scoring_rules()
-    if megatron_plan.is_pretrain(settings.root, benchmark):
+    bench = settings.benchmark(benchmark)
+    rules = bench.scoring_rules()
+    if bench.is_pretrain:
         # Megatron-LM's own log: MFU against the system's GPU, the ranks the planner gave the seed.
         gpus = megatron_plan.first_fit(settings.root, benchmark, settings.system.name).layout.gpus
         run = megatron_score.score_training_log(mllog_path, target_loss=rules.target_value, seed=seed,

@@ -28,13 +28,6 @@ def gpus(system: System) -> int:
     return system.nodes * system.gpus_per_node
 
 
-def is_pretrain(root: Path, bench: Benchmark) -> bool:
-    """A GPT pretraining benchmark (a `pretrain:` block): planned by mlrepro.pretrain.megatron_plan."""
-    from mlrepro.pretrain import megatron_plan
-
-    return megatron_plan.is_pretrain(Path(root), bench.name)
-
-
 def unmet(root: Path, bench: Benchmark, system: System, *, with_implementation: bool) -> list[str]:
     """What `system` lacks to run `bench`; empty when it fits."""
     req = bench.requires
@@ -47,7 +40,7 @@ def unmet(root: Path, bench: Benchmark, system: System, *, with_implementation: 
     if "gpus" in req and gpus(system) < req["gpus"]:
         have = "none, CPU only" if gpus(system) == 0 else f"{system.nodes} x {system.gpus_per_node}"
         missing.append(f"it needs at least {req['gpus']} GPUs ({system.name} has {have})")
-    if is_pretrain(root, bench):
+    if bench.is_pretrain:
         from mlrepro.plan import hardware
         from mlrepro.pretrain import megatron_plan
 

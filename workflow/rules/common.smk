@@ -105,7 +105,7 @@ def seed_plan(wc, attribute):
     Until a git implementation is fetched its configs are unknown: Snakemake asks before the
     checkpoint has run, gets a placeholder, and asks again once it has.
     """
-    if mlrepro_systems.is_pretrain(SETTINGS.root, bench(wc.benchmark)):
+    if bench(wc.benchmark).is_pretrain:
         return getattr(megatron_plan.seed_plan(SETTINGS.root, wc.benchmark, SYSTEM.name), attribute)
     if not mlrepro_systems.implementation_known(SETTINGS.root, bench(wc.benchmark)):
         return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
@@ -148,7 +148,7 @@ def seed_data(wc):
     b = bench(wc.benchmark)
     files = {stage: f"resources/{wc.benchmark}/{folder}/manifest.json"
              for stage, folder in layout.STAGE_FOLDERS.items() if getattr(b, stage)}
-    if mlrepro_systems.is_pretrain(SETTINGS.root, b):
+    if b.is_pretrain:
         files["corpus"] = str(megatron_plan.benchmark_corpus_dir(Path("."), wc.benchmark) / "data_prefix.json")
     elif b.corpus:
         files["corpus"] = str(layout.corpus_dir(Path("."), b.corpus) / "data_prefix.json")
@@ -161,7 +161,7 @@ def implementation_files(wc):
 
     ready = implementation_ready(wc)
     b = bench(wc.benchmark)
-    if mlrepro_systems.is_pretrain(SETTINGS.root, b):
+    if b.is_pretrain:
         folder = b.implementation_dir  # one folder for every layout: the planner, not config_<SYS>.sh, sets it
     else:
         folder = launch.implementation_config(b, SYSTEM).path.parent

@@ -228,11 +228,6 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     return "\n".join(out), refused
 
 
-def is_pretrain(root: Path, benchmark: str) -> bool:
-    path = root / "config" / "benchmarks" / f"{benchmark}.yaml"
-    return path.is_file() and bool((mlrepro_config.load_yaml(path) or {}).get("pretrain"))
-
-
 @dataclasses.dataclass(frozen=True)
 class SeedPlan:
     """What the workflow's train rule asks of a seed (the attributes of launch.SeedPlan it reads)."""
