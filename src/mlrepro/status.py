@@ -201,7 +201,7 @@ def configured_seeds(benchmark_dir: Path) -> list[int] | None:
         return None  # the workflow reports it; status still shows the folders
 
 
-def _format_elapsed(seconds: float | None) -> str:
+def format_elapsed(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(round(seconds))
@@ -214,7 +214,7 @@ def format_table(rows: list[SeedStatus]) -> str:
     header = ("SEED", "STATE", "JOB", "ELAPSED", "NODES", "REASON")
     lines = [header]
     for r in rows:
-        lines.append((str(r.seed), r.state, r.job_id or "-", _format_elapsed(r.elapsed_seconds),
+        lines.append((str(r.seed), r.state, r.job_id or "-", format_elapsed(r.elapsed_seconds),
                       ",".join(r.nodes) if r.nodes else "-", r.reason or ""))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join(("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1]).rstrip()
