@@ -154,7 +154,7 @@ def corpus_only(tmp_path_factory):
 @pytest.mark.slurm
 def test_a_chained_seed_on_the_local_slurm_cluster_survives_scancel(corpus_only, slurm_cluster):
     ws = corpus_only
-    variant(ws, "mini_gpt_slurm", job_seconds=20, margin=4, system_line="mini_gpt_slurm: config_CPU_2x1x16xtp1pp1cp1.sh")
+    variant(ws, "mini_gpt_slurm", job_seconds=14, margin=4, system_line="mini_gpt_slurm: config_CPU_2x1x16xtp1pp1cp1.sh")
     seed = ws / "results/mini_gpt_slurm/seed_1"
     started = time.monotonic()
     proc = subprocess.Popen(snakemake_cmd("--profile", "profiles/slurm", "--config", "system=local-slurm",
