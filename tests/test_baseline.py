@@ -35,6 +35,17 @@ def test_megatron_count_matches_torch_flop_counter():
     assert counter.get_total_flops() == pytest.approx(flops.megatron(TINY, 2) + causal_half, rel=1e-6)
 
 
+def test_flex_attention_computes_what_sdpa_computes():
+    """The flex variant is the same causal model: its block mask skips only what the causal mask hides."""
+    shape = dataclasses.replace(TINY, seq=512)  # 4 x 4 blocks of 128: 6 lie above the diagonal
+    sdpa, flex = GPT(shape), GPT(shape, attention="flex")
+    flex.load_state_dict(sdpa.state_dict())
+    x = torch.randint(0, shape.vocab, (2, shape.seq))
+    with torch.no_grad():  # FlexAttention has no CPU backward
+        assert flex(x, torch.roll(x, -1, 1)).item() == pytest.approx(sdpa(x, torch.roll(x, -1, 1)).item(), rel=1e-5)
+    assert flex.blocks[0].flex_mask.sparsity() == pytest.approx(100 * 6 / 16)  # in %: not computed
+
+
 def test_gpt13b_formulas():
     m = models.model("gpt-1.3b")
     h, s, L, V = 2048, 2048, 24, 50304

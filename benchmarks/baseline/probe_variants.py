@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 
 VARIANTS = {
@@ -23,11 +25,14 @@ VARIANTS = {
     "best": {"scope": "model", "mode": "default", "mbs": 16, "ga": 4, "profile": True},
     "cdt": {"scope": "model", "mode": "default", "mbs": 16, "ga": 4, "inductor": {"coordinate_descent_tuning": True}},
     "maxat": {"scope": "block", "mode": "max-autotune-no-cudagraphs", "mbs": 16, "ga": 4, "profile": True},
-    "cudnn": {"scope": "model", "mode": "default", "mbs": 16, "ga": 4, "attention": "cudnn"},
+    "cudnn": {"scope": "model", "mode": "default", "mbs": 16, "ga": 4, "attention": "cudnn", "profile": True},
+    "flex": {"scope": "model", "mode": "default", "mbs": 16, "ga": 4, "attention": "flex", "profile": True},
     "ga8": {"scope": "model", "mode": "default", "mbs": 16, "ga": 8},
+    "cudnn_ga8": {"scope": "model", "mode": "default", "mbs": 16, "ga": 8, "attention": "cudnn"},
+    "cudnn_blk": {"scope": "block", "mode": "default", "mbs": 16, "ga": 4, "attention": "cudnn"},
 }
 
-KINDS = (("attention", ("flash", "fmha", "cudnn", "sdpa", "attn")),
+KINDS = (("attention", ("flash", "fmha", "cudnn", "sdpa", "attn", "attention")),
          ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "cublas", "triton_tem", "mm_")),
          ("optimizer", ("multi_tensor", "adam", "foreach")),
          ("fused", ("triton",)))
@@ -53,8 +58,8 @@ def child(name: str, spec: dict, steps: int, warmup: int) -> dict:
     shape = models.model("gpt-1.3b")
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
-    probe._attention(torch, spec.get("attention", "flash"))
-    model, step = probe.build(shape, "bf16", spec["ga"], "bf16", spec["scope"], spec["mode"])
+    model, step = probe.build(shape, "bf16", spec["ga"], "bf16", spec["scope"], spec["mode"],
+                              attention=spec.get("attention", "flash"))
     x = torch.randint(0, shape.vocab, (spec["mbs"], shape.seq), device="cuda")
     y = torch.roll(x, -1, 1)
     t0 = time.perf_counter()
@@ -121,8 +126,11 @@ def main() -> int:
     for name in args.variants.split(","):
         t0 = time.monotonic()
         try:
+            # a cache of its own: inductor's on-disk cache must not serve one variant's graph to another
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix=f"inductor-{name}-")}
             proc = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(args.steps),
-                                   "--warmup", str(args.warmup)], capture_output=True, text=True, timeout=args.timeout)
+                                   "--warmup", str(args.warmup)], capture_output=True, text=True,
+                                  timeout=args.timeout, env=env)
             found = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
             row = json.loads(found[0]) if found else {"variant": name, "error": proc.stderr[-600:]}
         except subprocess.TimeoutExpired:

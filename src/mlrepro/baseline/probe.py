@@ -7,7 +7,7 @@ Megatron's fp32 master weights, fp32 gradient accumulation and Adam states, with
 bf16 weight copy (autocast casts the weights for each micro-batch instead: 16 B per parameter, not
 18). Autocast to bf16/fp16 for the matmuls; the residual stream in bf16 (Megatron's default,
 fp32_residual_connection off: the norms' saved inputs take the 2 B the memory model counts) or
-fp32; SDPA for causal attention (flash, or cuDNN's kernel); the whole forward and loss compiled
+fp32; causal attention through SDPA (flash, or cuDNN's kernel) or FlexAttention; the whole forward and loss compiled
 as one graph (fullgraph; "block": each block on its own, one graph for all layers, compiled in
 seconds); gradient accumulation to the global batch as in seed 003 (GBS 128 = MBS 4 x GA 16 x
 DP 2). The vocabulary is GPT-2's padded to 50304 (a multiple of 128) as Megatron pads it, and the
@@ -53,16 +53,8 @@ def _step_fn(torch, model, opt, scaler, dtype, ga: int, device: str = "cuda"):
     return step
 
 
-def _attention(torch, backend: str) -> None:
-    """SDPA's backend for the run: flash (PyTorch's default on H100) or cuDNN's fused attention."""
-    torch.backends.cuda.enable_flash_sdp(backend == "flash")
-    torch.backends.cuda.enable_cudnn_sdp(backend == "cudnn")
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    torch.backends.cuda.enable_math_sdp(False)
-
-
 def build(shape: models.ModelShape, precision: str = "bf16", ga: int = 1, residual: str = "bf16",
-          compile_scope: str = "model", compile_mode: str = "default", device: str = "cuda"):
+          compile_scope: str = "model", compile_mode: str = "default", device: str = "cuda", attention: str = "flash"):
     """(model, step): the probe's GPT on `device` and one optimizer step over `ga` micro-batches.
 
     compile_scope "block": each block compiled on its own (one graph serves all layers) and the
@@ -76,7 +68,8 @@ def build(shape: models.ModelShape, precision: str = "bf16", ga: int = 1, residu
         raise ValueError("fp8 needs Transformer Engine, which the portable probe does not use")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     with torch.device(device):  # initialised on the GPU: 1.3B parameters take half a minute on the CPU
-        model = GPT(shape, residual_dtype=dtype if residual != "fp32" else None)
+        model = GPT(shape, residual_dtype=dtype if residual != "fp32" else None,
+                    attention=attention)
     if compile_scope == "block":
         for block in model.blocks:
             block.compile(mode=compile_mode)
@@ -99,9 +92,8 @@ def measure(model_name: str, precision: str = "bf16", mbs: int = 16, steps: int 
     shape = models.model(model_name)
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
-    _attention(torch, attention)
     torch.cuda.reset_peak_memory_stats()
-    model, step = build(shape, precision, ga, residual, compile_scope, compile_mode)
+    model, step = build(shape, precision, ga, residual, compile_scope, compile_mode, attention=attention)
     x = torch.randint(0, shape.vocab, (mbs, shape.seq), device="cuda")
     y = torch.roll(x, -1, 1)
     t0 = time.perf_counter()
