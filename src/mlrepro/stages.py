@@ -107,7 +107,7 @@ def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path)
     rules = bench.scoring_rules()
     if bench.is_pretrain:
         # Megatron-LM's own log: MFU against the system's GPU, the ranks the planner gave the seed.
-        gpus = megatron_plan.first_fit(settings.root, benchmark, settings.system.name).layout.gpus
+        gpus = megatron_plan.first_fit(settings.root, bench, settings.system.name).layout.gpus
         run = megatron_score.score_training_log(mllog_path, target_loss=rules.target_value, seed=seed,
                                                 benchmark=rules.benchmark, gpus=gpus,
                                                 gpu=settings.system.hardware.get("gpu"))

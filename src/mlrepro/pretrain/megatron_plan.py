@@ -62,22 +62,20 @@ class Planned:
         return self.step_s * self.iterations / 3600
 
 
-def benchmark_corpus_dir(root: Path, benchmark: str) -> Path:
+def benchmark_corpus_dir(root: Path, bench: mlrepro_config.Benchmark) -> Path:
     """resources/corpora/<corpus>/ of the benchmark's `corpus:` (mini_corpus when it names none)."""
-    data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
-    return layout.corpus_dir(root, data.get("corpus") or "mini_corpus")
+    return layout.corpus_dir(root, bench.corpus or "mini_corpus")
 
 
-def variants(root: Path, benchmark: str) -> dict[str, Variant]:
-    """The layouts a benchmark's `pretrain:` block lists, by name."""
-    data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
-    pre = data.get("pretrain")
+def variants(bench: mlrepro_config.Benchmark) -> dict[str, Variant]:
+    """The layouts the benchmark's `pretrain:` block lists (schema-validated), by name."""
+    pre = bench.pretrain
     if not pre:
-        raise Refused(f"config/benchmarks/{benchmark}.yaml has no pretrain: block")
+        raise Refused(f"config/benchmarks/{bench.name}.yaml has no pretrain: block")
     out = {}
     for lay in pre["layouts"]:
         out[lay["name"]] = Variant(
-            benchmark=benchmark, name=lay["name"], model=pre["model"], tokens=float(pre["tokens"]),
+            benchmark=bench.name, name=lay["name"], model=pre["model"], tokens=float(pre["tokens"]),
             gbs=int(lay.get("gbs", pre["gbs"])), tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
             launcher=lay.get("launcher", pre.get("launcher", "megatron")), nemo_training=pre.get("nemo_training"),
             zero_stage=int(lay.get("zero_stage", 1)))
@@ -210,10 +208,11 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     """The plans of a benchmark's layouts on a system, and the refusals (each naming why)."""
     sysconf = mlrepro_config.load_system(root, system)
     facts = hardware.from_system(sysconf)
-    table = variants(root, benchmark)
+    bench = mlrepro_config.load_benchmark(root, benchmark)
+    table = variants(bench)
     if variant and variant not in table:
         raise Refused(f"{benchmark} has no layout {variant!r}; it has {', '.join(table)}")
-    corpus_dir = corpus_dir or benchmark_corpus_dir(root, benchmark)
+    corpus_dir = corpus_dir or benchmark_corpus_dir(root, bench)
     prefix, vocab, merges = data_prefix_of(corpus_dir)
     out, refused = [], []
     if prefix is None:
@@ -237,24 +236,24 @@ class SeedPlan:
     local_mem_mb: int = 100
 
 
-def first_fit(root: Path, benchmark: str, system: str) -> Planned:
+def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Planned:
     """The benchmark's first layout that fits the system; Refused (naming every layout's reason) when
     none fits, so the DAG stops before any job."""
     facts = hardware.from_system(mlrepro_config.load_system(root, system))
     reasons = []
-    for v in variants(root, benchmark).values():
+    for v in variants(bench).values():
         try:
             return plan(v, facts)
         except Refused as exc:
             reasons.append(str(exc))
-    raise Refused(f"{benchmark} cannot run on system {system!r}: " + "; ".join(reasons))
+    raise Refused(f"{bench.name} cannot run on system {system!r}: " + "; ".join(reasons))
 
 
-def seed_plan(root: Path, benchmark: str, system: str, corpus_dir: Path | None = None) -> SeedPlan:
+def seed_plan(root: Path, bench: mlrepro_config.Benchmark, system: str, corpus_dir: Path | None = None) -> SeedPlan:
     """The dry run's one-line plan of a seed: the first layout that fits the system (see first_fit)."""
-    p = first_fit(root, benchmark, system)
+    p = first_fit(root, bench, system)
     scheduler = mlrepro_config.load_system(root, system).scheduler
-    prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, benchmark))
+    prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, bench))
     lines = describe(p, scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
     return SeedPlan(" | ".join(x.strip() for x in lines), math.ceil(p.hours * 60) + 10)
 

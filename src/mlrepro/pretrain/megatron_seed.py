@@ -67,8 +67,8 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
     if seed not in bench.seeds:
         raise mlrepro_config.ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
     overrides = settings.pretrain
-    p = shaped(megatron_plan.first_fit(root, benchmark, system.name), overrides)
-    corpus_dir = megatron_plan.benchmark_corpus_dir(root, benchmark)
+    p = shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
+    corpus_dir = megatron_plan.benchmark_corpus_dir(root, bench)
     seed_dir = layout.seed_dir(root, benchmark, seed)
     lay, per_node = p.layout, system.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
@@ -86,7 +86,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
         line = megatron_launch.torchrun_line(run, nproc=lay.gpus)
     plan = launch.SeedPlan(
         benchmark=benchmark, seed=seed, scheduler=system.scheduler, implementation_dir=bench.implementation_dir,
-        config_file=root / "config" / "benchmarks" / f"{benchmark}.yaml", dgxsystem=p.variant.name,
+        config_file=bench.source, dgxsystem=p.variant.name,
         nodes=nodes, gpus_per_node=min(lay.gpus, per_node),
         walltime_minutes=int(overrides.get("walltime_minutes") or math.ceil(p.hours * 60) + 10),
         seed_dir=seed_dir, env={**env, "MEGATRON_LINE": line},
@@ -133,8 +133,11 @@ def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
         with atomic_dir(dest, keep_on_error=False) as tmp:
             shutil.copytree(given, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     else:
-        pin = (mlrepro_config.load_yaml(settings.root / "config" / "benchmarks" / f"{benchmark}.yaml")
-               or {})["pretrain"]["megatron"]
+        pin = settings.benchmark(benchmark).pretrain.get("megatron")
+        if pin is None:
+            raise mlrepro_config.ConfigError(
+                f"config/benchmarks/{benchmark}.yaml pins no Megatron-LM (pretrain: megatron: {{url, commit}}) "
+                "and config.yaml's pretrain: megatron: names no folder or .tar.gz")
         megatron_source.fetch(pin["url"], pin["commit"], dest)
     if not (dest / "pretrain_gpt.py").is_file():
         raise mlrepro_config.ConfigError(f"pretrain: megatron {given or dest} holds no pretrain_gpt.py")
