@@ -224,7 +224,10 @@ class Settings:
     submitter: str
     corpora: dict[str, dict] = field(default_factory=dict)  # every corpus a rule may build (any benchmark file's)
     default_corpora: tuple[str, ...] = ()  # those `corpora:` and the listed benchmarks name: the default target
-    pretrain: dict = field(default_factory=dict)  # run settings of the GPT pretraining seeds (mlrepro.pretrain.megatron_seed)
+    # config.yaml's `pretrain:` key: what the workflow changes in a GPT seed's run (train_iters, gbs, mbs,
+    # attention, megatron, image, walltime_minutes; see mlrepro.pretrain.megatron_seed). Not
+    # Benchmark.pretrain, the benchmark's own model and layouts.
+    pretrain_overrides: dict = field(default_factory=dict)
     # Any other config/benchmarks/<name>.yaml is loaded (and validated) when first asked for:
     # a file target names its benchmark, listed or not.
     _others: dict[str, Benchmark] = field(default_factory=dict, repr=False, compare=False)
@@ -392,4 +395,5 @@ def load(config: dict, root: str | Path) -> Settings:
     listed = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus)])
     corpora = {name: load_corpus(root, name) for name in dict.fromkeys([*listed, *_corpora_of_benchmark_files(root)])}
     return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora,
-                    default_corpora=tuple(listed), pretrain=dict(data.get("pretrain") or {}))
+                    default_corpora=tuple(listed),
+                    pretrain_overrides=dict(data.get("pretrain") or {}))

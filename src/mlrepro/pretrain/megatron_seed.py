@@ -66,7 +66,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
     bench, system, root = settings.benchmark(benchmark), settings.system, settings.root
     if seed not in bench.seeds:
         raise mlrepro_config.ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
-    overrides = settings.pretrain
+    overrides = settings.pretrain_overrides
     p = shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
     corpus_dir = megatron_plan.benchmark_corpus_dir(root, bench)
     seed_dir = layout.seed_dir(root, benchmark, seed)
@@ -125,7 +125,7 @@ def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
     dest = megatron_dir(settings.root, benchmark)
     if (dest / "pretrain_gpt.py").is_file():
         return dest
-    given = settings.pretrain.get("megatron")
+    given = settings.pretrain_overrides.get("megatron")
     if given and Path(given).is_file():
         with atomic_dir(dest, keep_on_error=False) as tmp, tarfile.open(given) as tar:
             tar.extractall(tmp, filter="data")
