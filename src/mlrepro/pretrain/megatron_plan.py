@@ -111,6 +111,24 @@ def plan(v: Variant, facts: hardware.SystemFacts) -> Planned:
     return Planned(v, facts, best.layout, best.memory_gb, float(p.table.iloc[0]["step_s"]), iterations)
 
 
+def shaped(p: Planned, overrides: dict) -> Planned:
+    """The plan with the workflow's `pretrain:` micro/global batch and iterations, where given
+    (Settings.pretrain_overrides): the shape the seed runs, and the one its dry run shows."""
+    lay = p.layout
+    mbs = int(overrides.get("mbs") or lay.mbs)
+    gbs = int(overrides.get("gbs") or lay.gbs)
+    if gbs % (mbs * lay.dp):
+        raise mlrepro_config.ConfigError(f"pretrain: gbs {gbs} is not a multiple of mbs {mbs} x DP{lay.dp}")
+    lay = dataclasses.replace(lay, mbs=mbs, ga=gbs // (mbs * lay.dp))
+    return dataclasses.replace(p, layout=lay, iterations=int(overrides.get("train_iters") or p.iterations))
+
+
+def job_minutes(p: Planned, overrides: dict) -> int:
+    """A seed's job time limit: the workflow's `pretrain: walltime_minutes`, else the planned wall time
+    and 10 minutes for start-up and the last checkpoint."""
+    return int(overrides.get("walltime_minutes") or math.ceil(p.hours * 60) + 10)
+
+
 def _fixed(fixed: dict) -> str:
     return " ".join(f"{k.upper()}{n}" for k, n in fixed.items()) or "layout chosen by the planner"
 
@@ -249,13 +267,16 @@ def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Plann
     raise Refused(f"{bench.name} cannot run on system {system!r}: " + "; ".join(reasons))
 
 
-def seed_plan(root: Path, bench: mlrepro_config.Benchmark, system: str, corpus_dir: Path | None = None) -> SeedPlan:
-    """The dry run's one-line plan of a seed: the first layout that fits the system (see first_fit)."""
-    p = first_fit(root, bench, system)
+def seed_plan(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,
+              corpus_dir: Path | None = None) -> SeedPlan:
+    """The dry run's one-line plan of a seed: the first layout that fits the system (see first_fit),
+    shaped by the workflow's `pretrain:` overrides as the seed will run it (megatron_seed.plan_seed)."""
+    overrides = overrides or {}
+    p = shaped(first_fit(root, bench, system), overrides)
     scheduler = mlrepro_config.load_system(root, system).scheduler
     prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, bench))
     lines = describe(p, scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
-    return SeedPlan(" | ".join(x.strip() for x in lines), math.ceil(p.hours * 60) + 10)
+    return SeedPlan(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import shlex
 import shutil
 import tarfile
@@ -34,17 +33,6 @@ log = logging.getLogger(__name__)
 
 LAUNCH_FILE = "launch.sh"  # the local launch line (torchrun ...), in the seed folder
 ARGS_FILE = "megatron_args.txt"  # the per-rank pretrain_gpt.py arguments (run.sub), in the seed folder
-
-
-def shaped(p: megatron_plan.Planned, overrides: dict) -> megatron_plan.Planned:
-    """The plan with the run settings' micro/global batch and iterations, when given."""
-    lay = p.layout
-    mbs = int(overrides.get("mbs") or lay.mbs)
-    gbs = int(overrides.get("gbs") or lay.gbs)
-    if gbs % (mbs * lay.dp):
-        raise mlrepro_config.ConfigError(f"pretrain: gbs {gbs} is not a multiple of mbs {mbs} x DP{lay.dp}")
-    lay = dataclasses.replace(lay, mbs=mbs, ga=gbs // (mbs * lay.dp))
-    return dataclasses.replace(p, layout=lay, iterations=int(overrides.get("train_iters") or p.iterations))
 
 
 def vocab_size(corpus_dir: Path) -> int:
@@ -67,7 +55,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
     if seed not in bench.seeds:
         raise mlrepro_config.ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
     overrides = settings.pretrain_overrides
-    p = shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
+    p = megatron_plan.shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
     corpus_dir = megatron_plan.benchmark_corpus_dir(root, bench)
     seed_dir = layout.seed_dir(root, benchmark, seed)
     lay, per_node = p.layout, system.gpus_per_node
@@ -88,7 +76,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
         benchmark=benchmark, seed=seed, scheduler=system.scheduler, implementation_dir=bench.implementation_dir,
         config_file=bench.source, dgxsystem=p.variant.name,
         nodes=nodes, gpus_per_node=min(lay.gpus, per_node),
-        walltime_minutes=int(overrides.get("walltime_minutes") or math.ceil(p.hours * 60) + 10),
+        walltime_minutes=megatron_plan.job_minutes(p, overrides),
         seed_dir=seed_dir, env={**env, "MEGATRON_LINE": line},
         job_name=launch.job_name(benchmark, seed, seed_dir))
     if slurm:
