@@ -383,9 +383,35 @@ def _corpora_of_benchmark_files(root: Path) -> list[str]:
     return names
 
 
+_COMMAND_LINE_SCALARS = {"integer": int, "number": float}
+
+
+def _typed_as_in_schema(value: Any, schema: dict) -> Any:
+    """`value` with the numbers inside a --config mapping made numbers again, where the schema asks for one.
+
+    Snakemake reads a --config value that is not a plain number with YAML's BaseLoader, which keeps
+    every scalar inside a mapping a string: --config pretrain='{train_iters: 300}' gives
+    {'train_iters': '300'}. A string the schema wants as a number is converted when it reads as one;
+    anything else is left for validation to report.
+    """
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        return {k: _typed_as_in_schema(v, props[k]) if k in props else v for k, v in value.items()}
+    kind = schema.get("type")
+    convert = _COMMAND_LINE_SCALARS.get(kind) if isinstance(kind, str) else None
+    if convert is not None and isinstance(value, str):
+        try:
+            return convert(value)
+        except ValueError:
+            return value
+    return value
+
+
 def load(config: dict, root: str | Path) -> Settings:
     """Validate the workflow config (config.yaml plus --config overrides) and everything it names."""
     root = Path(root).resolve()
+    schema = _schema(root / SCHEMA_SUBDIR, "config")
+    config = _typed_as_in_schema(config, schema)
     data = validate(config, "config", "config/config.yaml (with --config overrides)", root)
     system = load_system(root, data["system"])
     overrides = {k: data[k] for k in ("partition", "account") if data.get(k)}
