@@ -79,15 +79,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
         walltime_minutes=megatron_plan.job_minutes(p, overrides),
         seed_dir=seed_dir, env={**env, "MEGATRON_LINE": line},
         job_name=launch.job_name(benchmark, seed, seed_dir))
-    if slurm:
-        from mlrepro.slurm import client as slurm_client
-
-        cmd = slurm_client.sbatch_command(bench.implementation_dir / "run.sub", nodes=nodes,
-                                          time_minutes=plan.walltime_minutes, partition=system.partition,
-                                          account=system.account, exclude=system.exclude_nodes,
-                                          job_name=plan.job_name)
-        plan = dataclasses.replace(plan, sbatch=tuple(cmd))
-    return plan
+    return launch.with_sbatch(plan, system)
 
 
 def prepare(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> launch.SeedPlan:
