@@ -74,6 +74,18 @@ def test_system_override_from_command_line():
     assert settings.system.partition == "batch"
 
 
+def test_numbers_of_a_command_line_mapping_are_numbers():
+    """--config pretrain='{train_iters: 300, ...}' reaches us as strings (Snakemake's YAML BaseLoader)."""
+    given = {"train_iters": "300", "gbs": "16", "attention": "sdpa", "megatron": "/opt/megatron.tar.gz"}
+    settings = config.load({**base_config(), "pretrain": given}, REPO)
+    assert settings.pretrain_overrides == {"train_iters": 300, "gbs": 16, "attention": "sdpa",
+                                           "megatron": "/opt/megatron.tar.gz"}
+    with pytest.raises(config.ConfigError, match=r"pretrain.train_iters: 'lots' is not of type 'integer'"):
+        config.load({**base_config(), "pretrain": {"train_iters": "lots"}}, REPO)
+    with pytest.raises(config.ConfigError, match=r"pretrain.gbs: 1.5 is not of type 'integer'"):
+        config.load({**base_config(), "pretrain": {"gbs": 1.5}}, REPO)
+
+
 def test_fewer_seeds_than_runs_rejected(tree):
     edit(tree / "config" / "benchmarks" / "mini_lora.yaml", seeds=[1, 2])
     with pytest.raises(config.ConfigError, match="2 seeds given but required_runs is 10"):

@@ -27,6 +27,14 @@ def test_a_missing_or_half_written_record_reads_as_none(tmp_path):
     assert layout.read_job(tmp_path) is None
     (tmp_path / "failure.json").write_text('{"reason": "timeout"}')
     assert layout.read_failure(tmp_path) == {"reason": "timeout"}
+    (tmp_path / "failure.json").write_text('["not", "an", "object"]')
+    assert layout.read_failure(tmp_path) is None
+
+
+def test_what_a_system_measured_lives_under_results_by_system(tmp_path):
+    assert layout.preflight_json(tmp_path, "h100") == tmp_path / "results/preflight/h100/preflight.json"
+    assert layout.baseline_json(tmp_path, "h100") == tmp_path / "results/baseline/h100/baseline.json"
+    assert layout.preflight_files(tmp_path, "h100", "b")[0] == layout.preflight_json(tmp_path, "h100")
 
 
 def test_the_image_a_job_runs_in(tmp_path):

@@ -67,7 +67,7 @@ def test_plans_print_shape_layout_walltime_and_launch_line(corpus):
 def test_every_layout_plans_on_the_h100_cluster(benchmark, corpus):
     text, refused = _render(benchmark, "dgxh100-64x8", corpus)
     assert not refused
-    names = [v for v in megatron_plan.variants(ROOT, benchmark)]
+    names = [v for v in megatron_plan.variants(mlrepro_config.load_benchmark(ROOT, benchmark))]
     for name in names:
         assert re.search(rf"^{re.escape(name)} on dgxh100-64x8: \d+ node\(s\) x \d+ GPUs", text, re.M), name
 
@@ -169,6 +169,27 @@ def test_schema_rejects_bad_pretrain_block(tree):
     assert mlrepro_config.load_benchmark(tree, "gpt_126m").name == "gpt_126m"
 
 
+def test_the_plan_command_reads_the_validated_benchmark(tree, capsys):
+    """A pretrain: block the schema refuses is refused by the plan command too, naming the key."""
+    shutil.copytree(ROOT / "implementations" / "megatron_gpt", tree / "implementations" / "megatron_gpt")
+    path = tree / "config" / "benchmarks" / "gpt_13b.yaml"
+    path.write_text(path.read_text().replace("{name: gpt-13b-4xdp-8xpp, tp: 1", "{name: gpt-13b-4xdp-8xpp, tq: 1"))
+    assert megatron_plan.main(["gpt_13b", "--system", "dgxh100-64x8", "--root", str(tree)]) == 2
+    assert re.search(r"refused: .*gpt_13b.yaml is invalid:\n.*pretrain.layouts.1.*tq", capsys.readouterr().err)
+
+
+def test_a_seeds_plan_is_shaped_by_the_workflow_overrides(corpus):
+    """What the dry run shows of a GPT seed is what megatron_seed runs: the pretrain: overrides' shape and job limit."""
+    bench = mlrepro_config.load_benchmark(ROOT, "gpt_126m")
+    default = megatron_plan.seed_plan(ROOT, bench, "device-h100", corpus_dir=corpus)
+    short = megatron_plan.seed_plan(ROOT, bench, "device-h100", {"train_iters": 30, "gbs": 4, "mbs": 2}, corpus)
+    assert "MBS1 GA256 (GBS 256)" in default.describe and "MBS2 GA2 (GBS 4)" in short.describe
+    assert " 30 iterations x " in short.describe and short.walltime_minutes < default.walltime_minutes
+    assert megatron_plan.seed_plan(ROOT, bench, "device-h100", {"walltime_minutes": 7}, corpus).walltime_minutes == 7
+    with pytest.raises(mlrepro_config.ConfigError, match="gbs 5 is not a multiple of mbs 2"):
+        megatron_plan.seed_plan(ROOT, bench, "device-h100", {"gbs": 5, "mbs": 2}, corpus)
+
+
 def test_model_family_flags():
     gpt = megatron_launch.model_args("gpt-126m", Layout())
     assert "--swiglu" not in gpt and "--position-embedding-type" not in gpt
@@ -179,6 +200,7 @@ def test_model_family_flags():
 
 
 def test_one_machine_gets_torchrun(tree, corpus):
+    shutil.copytree(ROOT / "implementations" / "megatron_gpt", tree / "implementations" / "megatron_gpt")
     (tree / "config" / "systems" / "h100-box.yaml").write_text(
         "name: h100-box\nscheduler: local\nnodes: 1\ngpus_per_node: 1\ndevice: cuda\ncontainer_runtime: none\n"
         "hardware: {gpu: NVIDIA H100 80GB HBM3, gpu_memory_gb: 80, peak_tflops_bf16: 989, nvlink_domain_gpus: 1,\n"

@@ -77,3 +77,22 @@ def test_impossible_layout_refused_before_the_dag(ws):
     assert "gpt-175b-tp8-pp16-dp4 needs 512 GPUs (TP8 x PP16 x DP4); dgxb200 has 8" in out
     assert "above 180 GB x 0.95" in out
     assert "train_seed" not in planned_jobs(out)
+
+
+@pytest.mark.parametrize("given", ["configfile", "--config"])
+def test_the_dry_run_shows_the_workflow_pretrain_overrides(ws, given):
+    """`pretrain:` (a configfile's, or --config's) shortens the run; the seed's dry-run message is that
+    run, not the benchmark's."""
+    _, _, default = _plan(ws, "gpt_126m", "device-h100")
+    short = "{train_iters: 300, gbs: 16, mbs: 8}"
+    (ws / "short.yaml").write_text(f"pretrain: {short}\n")
+    how = ["--configfile", "short.yaml", "--config"] if given == "configfile" else ["--config", f"pretrain={short}"]
+    proc = run_snakemake(ws, "-n", "results/gpt_126m/score.json", *how, "system=device-h100",
+                         "benchmarks=[gpt_126m]", timeout=300)
+    seeds = re.findall(r"^(?:Job \d+: )?gpt_126m seed 1: (.+)$", proc.stdout + proc.stderr, flags=re.M)
+    head, launch = seeds[0].split(" | ")
+    assert "(GBS 16)" in head and "MBS8 GA2" in head and " 300 iterations x " in head, head
+    argv = shlex.split(launch)
+    assert argv[argv.index("--train-iters") + 1] == "300"
+    assert argv[argv.index("--global-batch-size") + 1] == "16" and argv[argv.index("--micro-batch-size") + 1] == "8"
+    assert "(GBS 256)" in default[0] and " 300 iterations x " not in default[0]

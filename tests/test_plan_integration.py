@@ -68,14 +68,14 @@ def write_records(results: Path, preflight: dict | None = PREFLIGHT, baseline: d
 
 
 def test_without_records_the_datasheet_figures_are_used(tmp_path):
-    facts = hardware.from_system(system(), tmp_path / "results")
+    facts = hardware.from_system(system(), tmp_path)
     assert (facts.mfu, facts.nvlink_busbw_gbs, facts.gpu_memory_gb) == (0.3, 200, 80)
     assert all(f["source"].startswith(("datasheet", "config/systems")) for f in facts.figures())
 
 
 def test_baseline_mfu_and_preflight_busbw_and_memory_replace_the_datasheet(tmp_path):
     write_records(tmp_path / "results")
-    facts = hardware.from_system(system(), tmp_path / "results")
+    facts = hardware.from_system(system(), tmp_path)
     # the largest model measured (GPT-1.3B, the most FLOPs per sample), against the datasheet peak
     assert facts.mfu == pytest.approx(478.7 / 989)
     assert facts.nvlink_busbw_gbs == 322.0 and facts.network_busbw_gbs == 46
@@ -88,7 +88,7 @@ def test_baseline_mfu_and_preflight_busbw_and_memory_replace_the_datasheet(tmp_p
 
 def test_preflight_matmul_sets_the_mfu_when_no_baseline_ran(tmp_path):
     write_records(tmp_path / "results", baseline=None)
-    facts = hardware.from_system(system(), tmp_path / "results")
+    facts = hardware.from_system(system(), tmp_path)
     # 758 TFLOP/s x 0.632 (the share of the matmul rate a GPT step reached on H100) = 0.484 of 989
     assert facts.mfu == pytest.approx(0.484, abs=1e-3)
     assert "bf16 matmul 758" in {f["figure"]: f["source"] for f in facts.figures()}["mfu"]
@@ -101,7 +101,7 @@ def test_cpu_preflight_and_a_broken_record_fall_back_to_the_datasheet(tmp_path):
     write_records(tmp_path / "results", preflight=cpu, baseline=None)
     (tmp_path / "results" / "baseline" / "h100-4x2").mkdir(parents=True)
     (tmp_path / "results" / "baseline" / "h100-4x2" / "baseline.json").write_text("{not json")
-    facts = hardware.from_system(system(), tmp_path / "results")
+    facts = hardware.from_system(system(), tmp_path)
     assert (facts.mfu, facts.nvlink_busbw_gbs, facts.gpu_memory_gb) == (0.3, 200, 80)
 
 

@@ -224,7 +224,10 @@ class Settings:
     submitter: str
     corpora: dict[str, dict] = field(default_factory=dict)  # every corpus a rule may build (any benchmark file's)
     default_corpora: tuple[str, ...] = ()  # those `corpora:` and the listed benchmarks name: the default target
-    pretrain: dict = field(default_factory=dict)  # run settings of the GPT pretraining seeds (mlrepro.pretrain.megatron_seed)
+    # config.yaml's `pretrain:` key: what the workflow changes in a GPT seed's run (train_iters, gbs, mbs,
+    # attention, megatron, image, walltime_minutes; see mlrepro.pretrain.megatron_seed). Not
+    # Benchmark.pretrain, the benchmark's own model and layouts.
+    pretrain_overrides: dict = field(default_factory=dict)
     # Any other config/benchmarks/<name>.yaml is loaded (and validated) when first asked for:
     # a file target names its benchmark, listed or not.
     _others: dict[str, Benchmark] = field(default_factory=dict, repr=False, compare=False)
@@ -380,9 +383,35 @@ def _corpora_of_benchmark_files(root: Path) -> list[str]:
     return names
 
 
+_COMMAND_LINE_SCALARS = {"integer": int, "number": float}
+
+
+def _typed_as_in_schema(value: Any, schema: dict) -> Any:
+    """`value` with the numbers inside a --config mapping made numbers again, where the schema asks for one.
+
+    Snakemake reads a --config value that is not a plain number with YAML's BaseLoader, which keeps
+    every scalar inside a mapping a string: --config pretrain='{train_iters: 300}' gives
+    {'train_iters': '300'}. A string the schema wants as a number is converted when it reads as one;
+    anything else is left for validation to report.
+    """
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        return {k: _typed_as_in_schema(v, props[k]) if k in props else v for k, v in value.items()}
+    kind = schema.get("type")
+    convert = _COMMAND_LINE_SCALARS.get(kind) if isinstance(kind, str) else None
+    if convert is not None and isinstance(value, str):
+        try:
+            return convert(value)
+        except ValueError:
+            return value
+    return value
+
+
 def load(config: dict, root: str | Path) -> Settings:
     """Validate the workflow config (config.yaml plus --config overrides) and everything it names."""
     root = Path(root).resolve()
+    schema = _schema(root / SCHEMA_SUBDIR, "config")
+    config = _typed_as_in_schema(config, schema)
     data = validate(config, "config", "config/config.yaml (with --config overrides)", root)
     system = load_system(root, data["system"])
     overrides = {k: data[k] for k in ("partition", "account") if data.get(k)}
@@ -392,4 +421,5 @@ def load(config: dict, root: str | Path) -> Settings:
     listed = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus)])
     corpora = {name: load_corpus(root, name) for name in dict.fromkeys([*listed, *_corpora_of_benchmark_files(root)])}
     return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora,
-                    default_corpora=tuple(listed), pretrain=dict(data.get("pretrain") or {}))
+                    default_corpora=tuple(listed),
+                    pretrain_overrides=dict(data.get("pretrain") or {}))

@@ -98,10 +98,30 @@ def published_dir(root: Path, benchmark: str) -> Path:
     return resources_dir(root, benchmark) / "published"
 
 
+# Per system: what `mlrepro preflight` and `mlrepro baseline` (and their rules) measured on it.
+def preflight_dir(root: Path, system: str) -> Path:
+    """results/preflight/<system>/: the system's node check (preflight.json, env_checklist.md)."""
+    return Path(root) / "results" / "preflight" / system
+
+
+def preflight_json(root: Path, system: str) -> Path:
+    """results/preflight/<system>/preflight.json: versions, GPUs, all_reduce and matmul figures of the system."""
+    return preflight_dir(root, system) / "preflight.json"
+
+
+def baseline_dir(root: Path, system: str) -> Path:
+    """results/baseline/<system>/: the portable GPT probe's runs on the system (baseline.json, its report)."""
+    return Path(root) / "results" / "baseline" / system
+
+
+def baseline_json(root: Path, system: str) -> Path:
+    """results/baseline/<system>/baseline.json: the probe's TFLOP/s and MFU per model on the system."""
+    return baseline_dir(root, system) / "baseline.json"
+
+
 def preflight_files(root: Path, system: str, benchmark: str) -> tuple[Path, Path]:
     """Where a preflight record of the system may be: results/preflight/<system>/ (shared), or the benchmark's."""
-    return (Path(root) / "results" / "preflight" / system / "preflight.json",
-            benchmark_dir(root, benchmark) / "preflight.json")
+    return preflight_json(root, system), benchmark_dir(root, benchmark) / "preflight.json"
 
 
 def container_json(root: Path, benchmark: str) -> Path:
@@ -110,9 +130,11 @@ def container_json(root: Path, benchmark: str) -> Path:
 
 
 def read_json_if_exists(path: Path) -> dict | None:
-    """The JSON object in `path`; None when the file is absent or half-written (not JSON)."""
+    """The JSON object in `path`; None when the file is absent, half-written (not JSON) or holds
+    something other than an object."""
     with contextlib.suppress(FileNotFoundError, ValueError):
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
+        return data if isinstance(data, dict) else None
     return None
 
 

@@ -78,10 +78,8 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     bench = settings.benchmark(benchmark)
     if bench.is_pretrain:
         plan = megatron_seed.prepare(settings, benchmark, seed)
-        finish = lambda: megatron_seed.finish_seed(plan, log_path, out)  # noqa: E731
     else:
         plan = launch.plan_seed(settings, benchmark, seed)
-        finish = lambda: launch.finish_seed(plan, log_path, out, bench.not_converged)  # noqa: E731
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
     launch.verify_inputs(plan, settings.root)
     chain = segments.limits(bench.segments, settings.system.max_job_minutes)
@@ -91,12 +89,23 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
                 launch.run_seed(plan, settings.system, log_path)
             else:
                 segments.run_seed(plan, settings.system, log_path, launch.run_seed, chain)
-            finish()
+            _finish_seed(bench, plan, log_path, out)
             return
         except launch.SeedFailed as exc:
             if attempt == bench.retries or not exc.retry:
                 raise
             log.warning("%s; retrying (%d of %d)", exc, attempt + 1, bench.retries)
+
+
+def _finish_seed(bench: mlrepro_config.Benchmark, plan: launch.SeedPlan, log_path: Path, out: Path) -> None:
+    """After a successful attempt: keep the seed's log as out (mllog.txt), Megatron-LM's own for a GPT
+    pretraining seed, the MLLOG lines otherwise; SeedFailed when the run is not a result."""
+    if bench.is_pretrain:
+        from mlrepro.pretrain import megatron_seed
+
+        megatron_seed.finish_seed(plan, log_path, out)
+    else:
+        launch.finish_seed(plan, log_path, out, bench.not_converged)
 
 
 def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:
@@ -107,7 +116,7 @@ def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path)
     rules = bench.scoring_rules()
     if bench.is_pretrain:
         # Megatron-LM's own log: MFU against the system's GPU, the ranks the planner gave the seed.
-        gpus = megatron_plan.first_fit(settings.root, benchmark, settings.system.name).layout.gpus
+        gpus = megatron_plan.first_fit(settings.root, bench, settings.system.name).layout.gpus
         run = megatron_score.score_training_log(mllog_path, target_loss=rules.target_value, seed=seed,
                                                 benchmark=rules.benchmark, gpus=gpus,
                                                 gpu=settings.system.hardware.get("gpu"))

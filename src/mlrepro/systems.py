@@ -45,7 +45,7 @@ def unmet(root: Path, bench: Benchmark, system: System, *, with_implementation: 
         from mlrepro.pretrain import megatron_plan
 
         try:  # GPT pretraining: the planner, not a published config_<SYS>.sh, decides the layout
-            megatron_plan.seed_plan(root, bench.name, system.name)
+            megatron_plan.seed_plan(root, bench, system.name)
         except megatron_plan.Refused as exc:
             missing.append(str(exc).removeprefix(f"{bench.name} cannot run on system {system.name!r}: "))
         except hardware.HardwareUnknown as exc:

@@ -106,7 +106,8 @@ def seed_plan(wc, attribute):
     checkpoint has run, gets a placeholder, and asks again once it has.
     """
     if bench(wc.benchmark).is_pretrain:
-        return getattr(megatron_plan.seed_plan(SETTINGS.root, wc.benchmark, SYSTEM.name), attribute)
+        return getattr(megatron_plan.seed_plan(SETTINGS.root, bench(wc.benchmark), SYSTEM.name,
+                                              SETTINGS.pretrain_overrides), attribute)
     if not mlrepro_systems.implementation_known(SETTINGS.root, bench(wc.benchmark)):
         return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
                 "local_mem_mb": 100, "walltime_minutes": 60}[attribute]
@@ -149,7 +150,7 @@ def seed_data(wc):
     files = {stage: f"resources/{wc.benchmark}/{folder}/manifest.json"
              for stage, folder in layout.STAGE_FOLDERS.items() if getattr(b, stage)}
     if b.is_pretrain:
-        files["corpus"] = str(megatron_plan.benchmark_corpus_dir(Path("."), wc.benchmark) / "data_prefix.json")
+        files["corpus"] = str(megatron_plan.benchmark_corpus_dir(Path("."), b) / "data_prefix.json")
     elif b.corpus:
         files["corpus"] = str(layout.corpus_dir(Path("."), b.corpus) / "data_prefix.json")
     return {name: ancient(f) for name, f in files.items()}

@@ -7,6 +7,7 @@ import logging
 import time
 from pathlib import Path
 
+from mlrepro import layout
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger("mlrepro.baseline")
@@ -72,7 +73,7 @@ def run(args) -> int:
     except config.ConfigError as exc:
         print(f"error: {exc}")
         return 2
-    out = Path(args.out) if args.out else root / "results" / "baseline" / args.system
+    out = Path(args.out) if args.out else layout.baseline_dir(root, args.system)
     doc = baseline(args.system, settings, out)
     print(f"written: {out / 'baseline.json'} ({len(doc['runs'])} runs)")
     return 0

@@ -165,20 +165,26 @@ def plan_seed(settings: Settings, benchmark: str, seed: int) -> SeedPlan:
         job_name=job_name(benchmark, seed, seed_dir),
         generated=_generated(cfg.path),
     )
-    if system.scheduler == "slurm":
-        from mlrepro.slurm import client as slurm
+    return with_sbatch(plan, system)
 
-        cmd = slurm.sbatch_command(
-            plan.implementation_dir / "run.sub",
-            nodes=plan.nodes,
-            time_minutes=plan.walltime_minutes,
-            partition=system.partition,
-            account=system.account,
-            exclude=system.exclude_nodes,
-            job_name=plan.job_name,
-        )
-        plan = SeedPlan(**{**plan.__dict__, "sbatch": tuple(cmd)})
-    return plan
+
+def with_sbatch(plan: SeedPlan, system: System) -> SeedPlan:
+    """On a Slurm system, the plan with the sbatch line that submits the implementation's run.sub
+    for it (nodes, time limit, the system's partition, account and excluded nodes)."""
+    if system.scheduler != "slurm":
+        return plan
+    from mlrepro.slurm import client as slurm
+
+    cmd = slurm.sbatch_command(
+        plan.implementation_dir / "run.sub",
+        nodes=plan.nodes,
+        time_minutes=plan.walltime_minutes,
+        partition=system.partition,
+        account=system.account,
+        exclude=system.exclude_nodes,
+        job_name=plan.job_name,
+    )
+    return SeedPlan(**{**plan.__dict__, "sbatch": tuple(cmd)})
 
 
 def _generated(config_path: Path) -> bool:

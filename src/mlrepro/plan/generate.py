@@ -21,10 +21,10 @@ def is_generated(config_path: str | Path) -> bool:
         return False
 
 
-def results_folder(benchmark: mlrepro_config.Benchmark) -> Path | None:
-    """The results/ folder of the repository the benchmark's config/benchmarks/<name>.yaml lives in."""
+def repository_root(benchmark: mlrepro_config.Benchmark) -> Path | None:
+    """The repository the benchmark's config/benchmarks/<name>.yaml lives in (its results/ hold the measured figures)."""
     source = Path(benchmark.source)
-    return source.parents[2] / "results" if source.parent.parent.name == "config" else None
+    return source.parents[2] if source.parent.parent.name == "config" else None
 
 
 def nearest_template(folder: Path, plan: search.Plan) -> Path | None:
@@ -51,7 +51,7 @@ def generate_config(benchmark: mlrepro_config.Benchmark, system: mlrepro_config.
     name = benchmark.mlperf_benchmark or benchmark.name
     if name not in workloads.BENCHMARKS:
         raise search.PlanError(f"the planner has no rules for {name} (it has: {', '.join(workloads.BENCHMARKS)})")
-    plan = search.plan(workloads.BENCHMARKS[name], hardware.from_system(system, results_folder(benchmark)))
+    plan = search.plan(workloads.BENCHMARKS[name], hardware.from_system(system, repository_root(benchmark)))
     template = nearest_template(benchmark.implementation_dir, plan)
     if template is None:
         raise search.PlanError(f"{benchmark.implementation_dir} has no published config to start from")

@@ -13,11 +13,11 @@ MFU is always counted against the datasheet peak, as seed 003 and MLPerf count i
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
+from mlrepro import layout
 
 # Plain compiled GPT-1.3B step on one H100, DESIGN.md section 8: 48.4% of 989 TFLOP/s. The
 # planner's absolute times scale with it; rankings depend on it only through compute vs comms.
@@ -77,14 +77,14 @@ class SystemFacts:
 _REQUIRED = ("gpu_memory_gb", "peak_tflops_bf16", "nvlink_domain_gpus", "nvlink_busbw_gbs", "network_busbw_gbs")
 
 
-def from_system(system: mlrepro_config.System, results: str | Path | None = None) -> SystemFacts:
-    """The system's figures; with `results` (the results/ folder), the measured ones where present."""
+def from_system(system: mlrepro_config.System, root: str | Path | None = None) -> SystemFacts:
+    """The system's figures; with `root` (the repository), the measured ones of its results/ where present."""
     facts = datasheet(system)
-    if results is None:
+    if root is None:
         return facts
-    results = Path(results)
-    return with_measured(facts, read_json(results / "preflight" / system.name / "preflight.json"),
-                         read_json(results / "baseline" / system.name / "baseline.json"))
+    # An absent or unreadable record leaves the datasheet's figures in place.
+    return with_measured(facts, layout.read_json_if_exists(layout.preflight_json(root, system.name)),
+                         layout.read_json_if_exists(layout.baseline_json(root, system.name)))
 
 
 def datasheet(system: mlrepro_config.System) -> SystemFacts:
@@ -110,16 +110,7 @@ def datasheet(system: mlrepro_config.System) -> SystemFacts:
 def load(root: str | Path, name: str, *, measured: bool = True) -> SystemFacts:
     """The system's figures; with `measured`, those of <root>/results/{preflight,baseline} where present."""
     root = Path(root).resolve()
-    return from_system(mlrepro_config.load_system(root, name), root / "results" if measured else None)
-
-
-def read_json(path: Path) -> dict | None:
-    """A stage's record, or None when it is absent or unreadable (the planner then uses the datasheet)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return from_system(mlrepro_config.load_system(root, name), root if measured else None)
 
 
 def _number(value) -> float | None:
@@ -159,7 +150,7 @@ def with_measured(facts: SystemFacts, preflight: dict | None, baseline: dict | N
     """`facts` with the figures preflight and the baseline stage measured in place of the datasheet's."""
     changes, sources = {}, dict(facts.sources)
     pre = (preflight or {}).get("summary") or {}
-    where = f"results/preflight/{facts.name}/preflight.json"
+    where = layout.preflight_json(Path(), facts.name)  # relative: results/preflight/<system>/preflight.json
     memory_gib = _number(pre.get("gpu_memory_gib"))
     if memory_gib:
         changes["gpu_memory_gb"] = memory_gib * GIB / 1e9
@@ -174,7 +165,7 @@ def with_measured(facts: SystemFacts, preflight: dict | None, baseline: dict | N
         tflops = _number(run.get("tflops_per_gpu"))
         changes["mfu"] = tflops / facts.peak_tflops if tflops else float(run["mfu"])
         sources["mfu"] = (f"baseline ({run.get('model')} {run.get('precision') or ''} "
-                          f"{tflops or 0:.0f} TFLOP/s per GPU; results/baseline/{facts.name}/baseline.json)")
+                          f"{tflops or 0:.0f} TFLOP/s per GPU; {layout.baseline_json(Path(), facts.name)})")
     elif matmul:
         changes["mfu"] = matmul * STEP_SHARE_OF_MATMUL / facts.peak_tflops
         sources["mfu"] = f"preflight (bf16 matmul {matmul:g} TFLOP/s x {STEP_SHARE_OF_MATMUL:.3f}; {where})"

@@ -62,22 +62,20 @@ class Planned:
         return self.step_s * self.iterations / 3600
 
 
-def benchmark_corpus_dir(root: Path, benchmark: str) -> Path:
+def benchmark_corpus_dir(root: Path, bench: mlrepro_config.Benchmark) -> Path:
     """resources/corpora/<corpus>/ of the benchmark's `corpus:` (mini_corpus when it names none)."""
-    data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
-    return layout.corpus_dir(root, data.get("corpus") or "mini_corpus")
+    return layout.corpus_dir(root, bench.corpus or "mini_corpus")
 
 
-def variants(root: Path, benchmark: str) -> dict[str, Variant]:
-    """The layouts a benchmark's `pretrain:` block lists, by name."""
-    data = mlrepro_config.load_yaml(root / "config" / "benchmarks" / f"{benchmark}.yaml") or {}
-    pre = data.get("pretrain")
+def variants(bench: mlrepro_config.Benchmark) -> dict[str, Variant]:
+    """The layouts the benchmark's `pretrain:` block lists (schema-validated), by name."""
+    pre = bench.pretrain
     if not pre:
-        raise Refused(f"config/benchmarks/{benchmark}.yaml has no pretrain: block")
+        raise Refused(f"config/benchmarks/{bench.name}.yaml has no pretrain: block")
     out = {}
     for lay in pre["layouts"]:
         out[lay["name"]] = Variant(
-            benchmark=benchmark, name=lay["name"], model=pre["model"], tokens=float(pre["tokens"]),
+            benchmark=bench.name, name=lay["name"], model=pre["model"], tokens=float(pre["tokens"]),
             gbs=int(lay.get("gbs", pre["gbs"])), tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
             launcher=lay.get("launcher", pre.get("launcher", "megatron")), nemo_training=pre.get("nemo_training"),
             zero_stage=int(lay.get("zero_stage", 1)))
@@ -111,6 +109,24 @@ def plan(v: Variant, facts: hardware.SystemFacts) -> Planned:
     best = p.best
     iterations = math.ceil(v.tokens / (v.gbs * w.model.seq))
     return Planned(v, facts, best.layout, best.memory_gb, float(p.table.iloc[0]["step_s"]), iterations)
+
+
+def shaped(p: Planned, overrides: dict) -> Planned:
+    """The plan with the workflow's `pretrain:` micro/global batch and iterations, where given
+    (Settings.pretrain_overrides): the shape the seed runs, and the one its dry run shows."""
+    lay = p.layout
+    mbs = int(overrides.get("mbs") or lay.mbs)
+    gbs = int(overrides.get("gbs") or lay.gbs)
+    if gbs % (mbs * lay.dp):
+        raise mlrepro_config.ConfigError(f"pretrain: gbs {gbs} is not a multiple of mbs {mbs} x DP{lay.dp}")
+    lay = dataclasses.replace(lay, mbs=mbs, ga=gbs // (mbs * lay.dp))
+    return dataclasses.replace(p, layout=lay, iterations=int(overrides.get("train_iters") or p.iterations))
+
+
+def job_minutes(p: Planned, overrides: dict) -> int:
+    """A seed's job time limit: the workflow's `pretrain: walltime_minutes`, else the planned wall time
+    and 10 minutes for start-up and the last checkpoint."""
+    return int(overrides.get("walltime_minutes") or math.ceil(p.hours * 60) + 10)
 
 
 def _fixed(fixed: dict) -> str:
@@ -210,10 +226,11 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     """The plans of a benchmark's layouts on a system, and the refusals (each naming why)."""
     sysconf = mlrepro_config.load_system(root, system)
     facts = hardware.from_system(sysconf)
-    table = variants(root, benchmark)
+    bench = mlrepro_config.load_benchmark(root, benchmark)
+    table = variants(bench)
     if variant and variant not in table:
         raise Refused(f"{benchmark} has no layout {variant!r}; it has {', '.join(table)}")
-    corpus_dir = corpus_dir or benchmark_corpus_dir(root, benchmark)
+    corpus_dir = corpus_dir or benchmark_corpus_dir(root, bench)
     prefix, vocab, merges = data_prefix_of(corpus_dir)
     out, refused = [], []
     if prefix is None:
@@ -237,26 +254,29 @@ class SeedPlan:
     local_mem_mb: int = 100
 
 
-def first_fit(root: Path, benchmark: str, system: str) -> Planned:
+def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Planned:
     """The benchmark's first layout that fits the system; Refused (naming every layout's reason) when
     none fits, so the DAG stops before any job."""
     facts = hardware.from_system(mlrepro_config.load_system(root, system))
     reasons = []
-    for v in variants(root, benchmark).values():
+    for v in variants(bench).values():
         try:
             return plan(v, facts)
         except Refused as exc:
             reasons.append(str(exc))
-    raise Refused(f"{benchmark} cannot run on system {system!r}: " + "; ".join(reasons))
+    raise Refused(f"{bench.name} cannot run on system {system!r}: " + "; ".join(reasons))
 
 
-def seed_plan(root: Path, benchmark: str, system: str, corpus_dir: Path | None = None) -> SeedPlan:
-    """The dry run's one-line plan of a seed: the first layout that fits the system (see first_fit)."""
-    p = first_fit(root, benchmark, system)
+def seed_plan(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,
+              corpus_dir: Path | None = None) -> SeedPlan:
+    """The dry run's one-line plan of a seed: the first layout that fits the system (see first_fit),
+    shaped by the workflow's `pretrain:` overrides as the seed will run it (megatron_seed.plan_seed)."""
+    overrides = overrides or {}
+    p = shaped(first_fit(root, bench, system), overrides)
     scheduler = mlrepro_config.load_system(root, system).scheduler
-    prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, benchmark))
+    prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, bench))
     lines = describe(p, scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
-    return SeedPlan(" | ".join(x.strip() for x in lines), math.ceil(p.hours * 60) + 10)
+    return SeedPlan(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import shlex
 import shutil
 import tarfile
@@ -34,17 +33,6 @@ log = logging.getLogger(__name__)
 
 LAUNCH_FILE = "launch.sh"  # the local launch line (torchrun ...), in the seed folder
 ARGS_FILE = "megatron_args.txt"  # the per-rank pretrain_gpt.py arguments (run.sub), in the seed folder
-
-
-def shaped(p: megatron_plan.Planned, overrides: dict) -> megatron_plan.Planned:
-    """The plan with the run settings' micro/global batch and iterations, when given."""
-    lay = p.layout
-    mbs = int(overrides.get("mbs") or lay.mbs)
-    gbs = int(overrides.get("gbs") or lay.gbs)
-    if gbs % (mbs * lay.dp):
-        raise mlrepro_config.ConfigError(f"pretrain: gbs {gbs} is not a multiple of mbs {mbs} x DP{lay.dp}")
-    lay = dataclasses.replace(lay, mbs=mbs, ga=gbs // (mbs * lay.dp))
-    return dataclasses.replace(p, layout=lay, iterations=int(overrides.get("train_iters") or p.iterations))
 
 
 def vocab_size(corpus_dir: Path) -> int:
@@ -66,9 +54,9 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
     bench, system, root = settings.benchmark(benchmark), settings.system, settings.root
     if seed not in bench.seeds:
         raise mlrepro_config.ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
-    overrides = settings.pretrain
-    p = shaped(megatron_plan.first_fit(root, benchmark, system.name), overrides)
-    corpus_dir = megatron_plan.benchmark_corpus_dir(root, benchmark)
+    overrides = settings.pretrain_overrides
+    p = megatron_plan.shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
+    corpus_dir = megatron_plan.benchmark_corpus_dir(root, bench)
     seed_dir = layout.seed_dir(root, benchmark, seed)
     lay, per_node = p.layout, system.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
@@ -86,20 +74,12 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
         line = megatron_launch.torchrun_line(run, nproc=lay.gpus)
     plan = launch.SeedPlan(
         benchmark=benchmark, seed=seed, scheduler=system.scheduler, implementation_dir=bench.implementation_dir,
-        config_file=root / "config" / "benchmarks" / f"{benchmark}.yaml", dgxsystem=p.variant.name,
+        config_file=bench.source, dgxsystem=p.variant.name,
         nodes=nodes, gpus_per_node=min(lay.gpus, per_node),
-        walltime_minutes=int(overrides.get("walltime_minutes") or math.ceil(p.hours * 60) + 10),
+        walltime_minutes=megatron_plan.job_minutes(p, overrides),
         seed_dir=seed_dir, env={**env, "MEGATRON_LINE": line},
         job_name=launch.job_name(benchmark, seed, seed_dir))
-    if slurm:
-        from mlrepro.slurm import client as slurm_client
-
-        cmd = slurm_client.sbatch_command(bench.implementation_dir / "run.sub", nodes=nodes,
-                                          time_minutes=plan.walltime_minutes, partition=system.partition,
-                                          account=system.account, exclude=system.exclude_nodes,
-                                          job_name=plan.job_name)
-        plan = dataclasses.replace(plan, sbatch=tuple(cmd))
-    return plan
+    return launch.with_sbatch(plan, system)
 
 
 def prepare(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> launch.SeedPlan:
@@ -125,7 +105,7 @@ def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
     dest = megatron_dir(settings.root, benchmark)
     if (dest / "pretrain_gpt.py").is_file():
         return dest
-    given = settings.pretrain.get("megatron")
+    given = settings.pretrain_overrides.get("megatron")
     if given and Path(given).is_file():
         with atomic_dir(dest, keep_on_error=False) as tmp, tarfile.open(given) as tar:
             tar.extractall(tmp, filter="data")
@@ -133,8 +113,11 @@ def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
         with atomic_dir(dest, keep_on_error=False) as tmp:
             shutil.copytree(given, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     else:
-        pin = (mlrepro_config.load_yaml(settings.root / "config" / "benchmarks" / f"{benchmark}.yaml")
-               or {})["pretrain"]["megatron"]
+        pin = settings.benchmark(benchmark).pretrain.get("megatron")
+        if pin is None:
+            raise mlrepro_config.ConfigError(
+                f"config/benchmarks/{benchmark}.yaml pins no Megatron-LM (pretrain: megatron: {{url, commit}}) "
+                "and config.yaml's pretrain: megatron: names no folder or .tar.gz")
         megatron_source.fetch(pin["url"], pin["commit"], dest)
     if not (dest / "pretrain_gpt.py").is_file():
         raise mlrepro_config.ConfigError(f"pretrain: megatron {given or dest} holds no pretrain_gpt.py")

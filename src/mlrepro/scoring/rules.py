@@ -151,7 +151,9 @@ def rulesets(usage: str = USAGE) -> tuple[str, ...]:
 
 def _check_ruleset(usage: str, ruleset: str) -> None:
     if ruleset not in rulesets(usage):
-        raise UnknownRules(f"mlperf_logging {_mlperf_logging_version()} has no {usage} ruleset {ruleset!r} "
+        from mlrepro.scoring import checkers
+
+        raise UnknownRules(f"mlperf_logging {checkers.mlperf_logging_version()} has no {usage} ruleset {ruleset!r} "
                            f"(it has {', '.join(rulesets(usage)) or 'none'})")
 
 
@@ -270,13 +272,6 @@ def rules_table(usage: str = USAGE, ruleset: str | None = None):
     return pd.DataFrame(rows)
 
 
-def _mlperf_logging_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("mlperf-logging")
-    except Exception:
-        return "(unknown version)"
 
 
 def as_jsonable(obj: Any) -> Any:

@@ -94,12 +94,16 @@ def atomic_dir(target: str | os.PathLike, *, resume: bool = False, keep_on_error
     _fsync_dir(target.parent)
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def _digest(h, path: str | os.PathLike, chunk: int) -> str:
+    """The hex digest of the file through the hash object `h`, read `chunk` bytes at a time."""
     with open(path, "rb") as fh:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    return _digest(hashlib.sha256(), path, chunk)
 
 
 def xxh3_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -107,11 +111,7 @@ def xxh3_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     fit for noticing changed files, not for defeating a forger."""
     import xxhash
 
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    return _digest(xxhash.xxh3_128(), path, chunk)
 
 
 def file_manifest(root: str | os.PathLike, exclude: tuple[str, ...] = ("manifest.json",), *,
