@@ -162,3 +162,23 @@ def test_dry_run_on_the_cpu_system_starts_no_megatron(ws):
     proc = run_snakemake(ws, "-n", "results/baseline/local/baseline.json", timeout=180)
     jobs = planned_jobs(proc.stdout + proc.stderr)
     assert jobs == {"preflight": 1, "baseline": 1}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_recorded_h100_gpt13b_rows_rebuilt_from_their_megatron_logs(precision):
+    """implementations/megatron_gpt/device/recorded/baseline_h100/: baseline_device.sh on one H100; the
+    row rebuilt from Megatron's log is the one the workflow wrote, and its FLOP count is Megatron's."""
+    recorded = RECORDED / "baseline_h100"
+    doc = json.loads((recorded / "baseline.json").read_text())
+    written = next(r for r in doc["runs"] if r["workload"] == "megatron" and r["precision"] == precision)
+    m = load_settings(ROOT)["baseline"]["megatron"]
+    row = megatron.row_from_log(recorded / f"megatron_{precision}.log", model="gpt-1.3b", precision=precision,
+                                lay=megatron.layout_of(m, 1), gpu=H100, attention="sdpa")
+    for key in ("iter_time_s", "samples_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib", "predicted_mem_gib",
+                "mem_error_pct", "iterations", "skipped_iterations"):
+        assert row[key] == written[key], key
+    assert row["tflops_per_gpu"] == pytest.approx(row["tflops_logged"], abs=0.1)
+    assert 0 < row["mem_error_pct"] < 15 and row["iterations"] == 20 and row["intervals"] == 18
+    assert [r["workload"] for r in doc["runs"]] == ["megatron", "megatron", "probe"]
+    md = (recorded / "baseline_report.md").read_text()
+    assert sum(line.startswith("| megatron") for line in md.splitlines()) == 2

@@ -7,7 +7,7 @@
 #        whl/ and whl2/ (wheels the device image lacks), stubs/; and .whl (the workflow's wheels)
 # Settings: baseline_device.yaml (the workflow's `pretrain: {megatron: <tarball>}`) and
 # baseline_preflight.yaml (config/preflight.yaml for this call: the probe's first run only, short
-# Megatron runs under a timeout), both beside this script.
+# Megatron runs under a timeout), both beside this script; PREFLIGHT_YAML names another settings file.
 # Back in $OUT (at most 8 files): baseline.json, the report (.md, .html, .png), Megatron's logs, rc.txt.
 T=${T:-$PWD/.gpu/mb12/tree}
 G=${G:-$PWD/.gpu/g11c}
@@ -23,7 +23,7 @@ printf '#!/bin/sh\nexec python3 -c "import sysconfig; print(sysconfig.get_config
 chmod +x /tmp/bin/python3-config; export PATH=/tmp/bin:$PATH
 W=/tmp/work; rm -rf $W; cp -r "$T" $W; mkdir -p $W/.gpu/g11c; cp "$G/megatron.tar.gz" $W/.gpu/g11c/
 cd $W; export PYTHONPATH=/tmp/site:$G/stubs:$W/src
-cp $HERE/baseline_preflight.yaml config/preflight.yaml
+cp "${PREFLIGHT_YAML:-$HERE/baseline_preflight.yaml}" config/preflight.yaml
 start=$(date +%s)
 timeout ${SMK_TIMEOUT:-480} python3 -m snakemake -c16 --scheduler greedy results/baseline/device-h100/baseline.json \
   --configfile $HERE/baseline_device.yaml --config system=device-h100 > /tmp/snakemake.txt 2>&1
