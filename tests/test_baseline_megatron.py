@@ -182,3 +182,15 @@ def test_recorded_h100_gpt13b_rows_rebuilt_from_their_megatron_logs(precision):
     assert [r["workload"] for r in doc["runs"]] == ["megatron", "megatron", "probe"]
     md = (recorded / "baseline_report.md").read_text()
     assert sum(line.startswith("| megatron") for line in md.splitlines()) == 2
+
+
+def test_recorded_h100_local_attention_row_and_the_fp8_row():
+    """The second device call: Megatron's unfused attention (the issue's 147 TFLOP/s) and fp8 without TE."""
+    recorded = RECORDED / "baseline_h100_local"
+    doc = json.loads((recorded / "baseline.json").read_text())
+    local, fp8 = doc["runs"]
+    row = megatron.row_from_log(recorded / "megatron_bf16.log", model="gpt-1.3b", precision="bf16",
+                                lay=Layout(mbs=4, ga=4), gpu=H100, attention="local")
+    assert row["tflops_per_gpu"] == local["tflops_per_gpu"] == pytest.approx(147.4, abs=0.1)
+    assert abs(row["mem_error_pct"]) < 5  # scores materialised: workloads.gpt(flash_attention=False)
+    assert "Transformer Engine" in fp8["not_applicable"] and "iter_time_s" not in fp8
