@@ -23,7 +23,11 @@ def test_preflight_and_baseline_targets_on_cpu(tmp_path):
     assert pre["system"] == "local" and pre["summary"]["verdict"] == "not applicable"
     assert (ws / "results/preflight/local/env_checklist.md").is_file() and (ws / "logs/preflight/local.log").is_file()
     base = json.loads((ws / "results/baseline/local/baseline.json").read_text())
-    assert base["runs"] == [] and "not applicable" in base["why"]
+    assert "not applicable" in base["why"]
+    # Workload (a) is not started on a CPU system: its rows say why (mlrepro.baseline.megatron).
+    assert [r["workload"] for r in base["runs"]] == ["megatron", "megatron"]
+    assert all("has no CUDA GPUs" in r["not_applicable"] for r in base["runs"])
+    assert not list((ws / "results/baseline/local").glob("megatron_*"))
     assert "not applicable" in (ws / "results/baseline/local/baseline_report.md").read_text()
 
 

@@ -124,6 +124,16 @@ def preflight_files(root: Path, system: str, benchmark: str) -> tuple[Path, Path
     return preflight_json(root, system), benchmark_dir(root, benchmark) / "preflight.json"
 
 
+# The baseline's Megatron-LM runs (workload (a), mlrepro.baseline.megatron), one per precision:
+# <pattern>.json (the row), <pattern>.log (Megatron's own log), <pattern>.launch.sh (its torchrun line).
+MEGATRON_BASELINE_PATTERN = "results/baseline/{system}/megatron_{precision}"
+
+
+def megatron_baseline_files(system: str, precisions, suffix: str = ".json") -> list[str]:
+    """The relative paths of the baseline's Megatron files of `system`, one per precision."""
+    return [MEGATRON_BASELINE_PATTERN.format(system=system, precision=p) + suffix for p in precisions]
+
+
 def container_json(root: Path, benchmark: str) -> Path:
     """results/<benchmark>/container.json: the image the benchmark's jobs run in."""
     return benchmark_dir(root, benchmark) / "container.json"

@@ -1,10 +1,15 @@
-"""Seed 003's "Baseline Performance Report": the table in HTML and Markdown (pandas) and a plot (matplotlib)."""
+"""Seed 003's "Baseline Performance Report": the table in HTML and Markdown (pandas) and a plot (matplotlib).
+
+Measured rows of both workloads (a: Megatron-LM, b: the probe) share the table; rows not measured
+(not applicable, or an error) are listed under it with their reason.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 COLUMNS = {
+    "workload": "Workload", "layout": "Layout",
     "model": "Model", "precision": "Precision Setting", "attention": "Attention", "mbs": "MBS", "gbs": "GBS",
     "iter_time_s": "Iteration Time (s)", "samples_per_s": "Throughput (samples/s)",
     "tflops_per_gpu": "Achieved TFLOPs (per GPU)", "mfu_pct": "MFU (%)", "peak_mem_gib": "Peak Memory (GiB/GPU)",
@@ -16,7 +21,9 @@ def table(doc: dict):
     import pandas as pd
 
     df = pd.DataFrame(doc["runs"])
-    df["mfu_pct"] = (100 * df["mfu"]).round(1)
+    df["mfu_pct"] = (100 * df["mfu"].astype(float)).round(1)
+    if {"tp", "pp", "dp"} <= set(df):
+        df["layout"] = [f"TP{r.tp} PP{r.pp} DP{r.dp}" for r in df.itertuples()]
     peak = df["peak_tflops"].iloc[0] if "peak_tflops" in df else None
     cols = [c for c in COLUMNS if c in df]
     return df[cols].rename(columns={**COLUMNS, "mfu_pct": f"MFU (% of {peak:g} TFLOP/s)" if peak else "MFU (%)"})
@@ -24,11 +31,26 @@ def table(doc: dict):
 
 def header(doc: dict) -> str:
     r0 = doc["runs"][0] if doc["runs"] else {}
-    return (f"Baseline Performance Report: {doc['system']} ({r0.get('gpu', '?')}); TP1 PP1 DP1, seq {r0.get('seq')}; "
+    return (f"Baseline Performance Report: {doc['system']} ({r0.get('gpu', '?')}); seq {r0.get('seq')}; "
             f"FLOPs: {doc.get('flops_formula', '')}")
 
 
+def measured(doc: dict) -> tuple[list[dict], list[str]]:
+    """(the rows measured, one line per row that was not: what it is and why)."""
+    rows, skipped = [], []
+    for r in doc["runs"]:
+        why = r.get("not_applicable") or r.get("error")
+        if why:
+            skipped.append(f"{r.get('workload', 'probe')} {r.get('model')} {r.get('precision')}: {why}")
+        else:
+            rows.append(r)
+    return rows, skipped
+
+
 def write(doc: dict, md_path: Path, html_path: Path, plot_path: Path) -> None:
+    """The report of baseline.json's document (every row; those not measured are listed with why)."""
+    import html
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,10 +58,17 @@ def write(doc: dict, md_path: Path, html_path: Path, plot_path: Path) -> None:
 
     from mlrepro.util.fsutil import atomic_write_text
 
-    if not doc["runs"]:
+    rows, skipped = measured(doc)
+    notes_md = "".join(f"- {line}\n" for line in skipped)
+    notes_md = f"\nNot measured:\n\n{notes_md}" if skipped else ""
+    notes_html = "".join(f"<li>{html.escape(line)}</li>" for line in skipped)
+    notes_html = f"<p>Not measured:</p><ul>{notes_html}</ul>" if skipped else ""
+    doc = {**doc, "runs": rows}
+    if not rows:
         why = doc.get("why", "no run succeeded (see baseline.json)")
-        atomic_write_text(md_path, f"# Baseline Performance Report: {doc['system']}\n\n{why}\n")
-        atomic_write_text(html_path, f"<html><body><h1>Baseline Performance Report</h1><p>{why}</p></body></html>\n")
+        atomic_write_text(md_path, f"# Baseline Performance Report: {doc['system']}\n\n{why}\n{notes_md}")
+        atomic_write_text(html_path, f"<html><body><h1>Baseline Performance Report</h1><p>{html.escape(why)}</p>"
+                                     f"{notes_html}</body></html>\n")
         fig = plt.figure(figsize=(6, 1))
         fig.text(0.5, 0.5, why, ha="center")
         fig.savefig(plot_path)
@@ -47,13 +76,14 @@ def write(doc: dict, md_path: Path, html_path: Path, plot_path: Path) -> None:
         return
     df = table(doc)
     title = header(doc)
-    atomic_write_text(md_path, f"# {title}\n\n" + df.to_markdown(index=False) + "\n")
-    atomic_write_text(html_path, f"<html><body><h1>Baseline Performance Report</h1><p>{title}</p>"
-                                 + df.to_html(index=False) + "</body></html>\n")
+    atomic_write_text(md_path, f"# {title}\n\n" + df.to_markdown(index=False) + "\n" + notes_md)
+    atomic_write_text(html_path, f"<html><body><h1>Baseline Performance Report</h1><p>{html.escape(title)}</p>"
+                                 + df.to_html(index=False) + notes_html + "</body></html>\n")
     runs = doc["runs"]
-    labels = [f"{r['model']} {r['precision']} {r.get('attention', '')} mbs{r['mbs']}" for r in runs]
+    labels = [f"{r.get('workload', 'probe')} {r['model']} {r['precision']} {r.get('attention', '')} mbs{r['mbs']}"
+              for r in runs]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
-    a.barh(labels, [100 * r["mfu"] for r in runs])
+    a.barh(labels, [100 * (r["mfu"] or 0) for r in runs])
     a.set_xlabel("MFU (%)")
     a.axvline(55, ls="--", c="k", lw=1)
     y = range(len(runs))

@@ -16,16 +16,17 @@ FORMULA = ("Megatron-LM num_floating_point_operations (commit d98e8a6): 72 B s L
            "seed 003's 16 B s L h^2 (1 + s/(6h)) undercounts 4.5x (mlrepro.baseline.flops)")
 
 
-def baseline(system: str, settings: dict, out_dir: Path) -> dict:
-    """Every configured run (an error is recorded in its row, the others still run)."""
+def baseline(system: str, settings: dict, out_dir: Path, megatron_rows: list[dict] = ()) -> dict:
+    """Every configured probe run (an error is recorded in its row, the others still run), after the
+    Megatron rows (workload (a), measured by mlrepro.baseline.megatron, or saying why not)."""
     import torch
 
     from mlrepro.baseline import probe, report
 
     b = settings["baseline"]
-    runs = []
+    runs = list(megatron_rows)
     if not torch.cuda.is_available():
-        doc = {"system": system, "runs": [], "why": "not applicable: no CUDA GPU on this node", "flops_formula": FORMULA}
+        doc = {"system": system, "runs": runs, "why": "not applicable: no CUDA GPU on this node", "flops_formula": FORMULA}
     else:
         out_dir.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
@@ -50,8 +51,7 @@ def baseline(system: str, settings: dict, out_dir: Path) -> dict:
         doc = {"system": system, "runs": runs, "flops_formula": FORMULA}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "baseline.json", doc)
-    good = {**doc, "runs": [r for r in doc["runs"] if "error" not in r]}
-    report.write(good, out_dir / "baseline_report.md", out_dir / "baseline_report.html", out_dir / "baseline.png")
+    report.write(doc, out_dir / "baseline_report.md", out_dir / "baseline_report.html", out_dir / "baseline.png")
     return doc
 
 

@@ -171,8 +171,14 @@ def run_from_snakemake(smk) -> None:
             return
         from mlrepro.baseline.run import baseline
 
-        pre = json.loads(Path(smk.input[0]).read_text())
+        from mlrepro.baseline import megatron
+
+        pre = json.loads(Path(smk.input.preflight).read_text())
         if pre["summary"]["verdict"] == "fail":
-            log.error("preflight failed on this system (%s): no baseline on a bad node", smk.input[0])
+            log.error("preflight failed on this system (%s): no baseline on a bad node", smk.input.preflight)
             sys.exit(1)
-        baseline(system.name, smk.params.settings, out_dir)
+        if system.device == "cuda":  # the baseline_megatron jobs' rows
+            rows = [json.loads(Path(p).read_text()) for p in smk.input.megatron]
+        else:
+            rows = megatron.not_applicable_rows(settings.root, system, smk.params.settings["baseline"])
+        baseline(system.name, smk.params.settings, out_dir, rows)

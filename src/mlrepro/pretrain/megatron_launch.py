@@ -48,6 +48,7 @@ class Run:
     seed: int = 1234
     local_impl: bool = True
     sdpa: bool = False
+    precision: str = "bf16"  # bf16 | fp16 (loss-scaled) | fp8 (Transformer Engine's hybrid E4M3/E5M2 over bf16)
     extra: tuple = ()
 
 
@@ -73,6 +74,10 @@ def pretrain_args(run: Run) -> list[str]:
     """Every pretrain_gpt.py flag of a run, in a stable order."""
     lay = run.layout
     args = model_args(run.model, lay)
+    if run.precision == "fp16":  # the planner writes --bf16; fp16 is the same recipe with a dynamic loss scale
+        args = ["--fp16" if a == "--bf16" else a for a in args]
+    elif run.precision == "fp8":
+        args += ["--fp8-format", "hybrid"]
     args += ["--train-iters", str(run.train_iters), "--lr", str(run.lr), "--min-lr", str(run.min_lr),
              "--lr-decay-style", "cosine", "--lr-warmup-iters", str(run.warmup_iters),
              "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0",

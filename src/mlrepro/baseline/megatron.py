@@ -1,0 +1,233 @@
+"""Workload (a) of the baseline (seed 003): Megatron-LM GPT through the pretraining family's benchmark.
+
+A short run per precision on the system's node, launched the way the benchmark's seeds are
+(mlrepro.pretrain.megatron_seed): Megatron-LM at the benchmark's pinned commit (or the workflow's
+`pretrain: {megatron: <folder or .tar.gz>}`), the planner's torchrun line
+(megatron_launch.torchrun_line), executed by the implementation's run_and_time.sh. Data is
+Megatron's own synthetic data (--mock-data), so the baseline needs no corpus; validation is off
+(--eval-iters 0) and every iteration is logged, so the steady state has enough intervals.
+
+The row (the same keys as the probe's rows, workload "megatron") is read from Megatron's log by
+megatron_log/megatron_score: iteration time, samples/s, TFLOP/s per GPU by Megatron's own FLOP
+count (baseline.flops.megatron), MFU against the GPU's datasheet peak, and the peak memory torch
+allocated next to what the planner's memory model predicts for Megatron's recipe (mlrepro.plan.memory
+through workloads.gpt: bf16/fp16 weights, fp32 main gradients, Adam's 12 B sharded by the
+distributed optimizer, flash attention's activations with SDPA, materialised scores without).
+A system without CUDA GPUs, or fp8 without Transformer Engine, gives a row that says why: no training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import math
+from pathlib import Path
+
+from mlrepro import config as mlrepro_config
+from mlrepro.plan import hardware, memory, models, workloads
+from mlrepro.plan.layout import Layout
+from mlrepro.pretrain import megatron_launch, megatron_log, megatron_plan, megatron_score, megatron_seed
+from mlrepro.util import proc
+from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
+
+log = logging.getLogger("mlrepro.baseline")
+
+GIB = 2**30
+NOT_APPLICABLE = "not applicable"
+
+
+def model_of(root: Path, benchmark: str) -> str:
+    """The planner model the benchmark's `pretrain:` block trains (e.g. gpt-1.3b)."""
+    try:
+        return next(iter(megatron_plan.variants(root, benchmark).values())).model
+    except megatron_plan.Refused as exc:
+        raise mlrepro_config.ConfigError(f"baseline: megatron: benchmark {benchmark}: {exc}") from None
+
+
+def layout_of(m: dict, gpus_per_node: int) -> Layout:
+    """The run's layout: TP and PP as set (1 by default), DP = the node's remaining GPUs unless set."""
+    tp, pp = m["tp"], m["pp"]
+    dp = m["dp"] or gpus_per_node // (tp * pp)
+    if dp < 1 or tp * pp * dp > gpus_per_node:
+        raise mlrepro_config.ConfigError(f"baseline: megatron: TP{tp} x PP{pp} x DP{dp} needs more than the "
+                                         f"node's {gpus_per_node} GPU(s)")
+    if m["gbs"] % (m["mbs"] * dp):
+        raise mlrepro_config.ConfigError(f"baseline: megatron: gbs {m['gbs']} is not a multiple of mbs {m['mbs']} "
+                                         f"x DP{dp}")
+    return Layout(tp=tp, pp=pp, dp=dp, mbs=m["mbs"], ga=m["gbs"] // (m["mbs"] * dp))
+
+
+def predicted(model: str, lay: Layout, attention: str, vocab: int | None = None) -> memory.Memory:
+    """The planner's memory model for Megatron's recipe (workloads.gpt, as megatron_plan prices a
+    layout), for the vocabulary the run had where it differs from the model's."""
+    w = workloads.gpt(model, lay.gbs, flash_attention=attention == "sdpa")
+    if vocab and vocab != w.model.vocab:
+        w = dataclasses.replace(w, model=dataclasses.replace(w.model, vocab=vocab))
+    return memory.estimate(w, lay)
+
+
+def padded_vocab(parsed: megatron_log.TrainingLog, tp: int) -> int | None:
+    """The vocabulary Megatron trained (--vocab-size padded to make_vocab_size_divisible_by x TP)."""
+    try:
+        v = int(parsed.args["vocab_size"])
+    except (KeyError, ValueError):
+        return None
+    try:
+        step = int(parsed.args.get("make_vocab_size_divisible_by", 128)) * tp
+    except ValueError:
+        step = 128 * tp
+    return -(-v // step) * step
+
+
+def launch_run(model: str, lay: Layout, m: dict, precision: str) -> megatron_launch.Run:
+    """The Megatron run: synthetic data, no validation, every iteration logged. fp8 runs on
+    Transformer Engine's layers (the local implementation has no fp8)."""
+    iters = m["iterations"]
+    # fp16: Megatron's dynamic loss scale starts at 2^32 and skips an iteration per halving (with
+    # hysteresis), which would leave a 20-iteration run mostly skipped steps; 2^16 is where it settles.
+    extra = ("--initial-loss-scale", "65536") if precision == "fp16" else ()
+    return megatron_launch.Run(model, lay, iters, warmup_iters=max(1, iters // 10), log_interval=1,
+                               eval_interval=iters, eval_iters=0, local_impl=precision != "fp8",
+                               sdpa=m["attention"] == "sdpa" and precision != "fp8", precision=precision,
+                               extra=extra)
+
+
+def has_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def base_row(model: str, precision: str, m: dict) -> dict:
+    return {"workload": "megatron", "benchmark": m["benchmark"], "model": model, "precision": precision,
+            "attention": m["attention"], "mbs": m["mbs"], "gbs": m["gbs"]}
+
+
+def why_not(system: mlrepro_config.System, precision: str) -> str | None:
+    """Why this precision cannot run on this system (None: it can)."""
+    if system.device != "cuda":
+        return (f"{NOT_APPLICABLE}: system {system.name} has no CUDA GPUs (device: {system.device}); "
+                "Megatron-LM was not started")
+    if precision == "fp8" and not has_transformer_engine():
+        return f"{NOT_APPLICABLE}: fp8 needs Transformer Engine, which this node's Python lacks"
+    return None
+
+
+def not_applicable_rows(root: Path, system: mlrepro_config.System, b: dict) -> list[dict]:
+    """The rows of a system that runs none of the Megatron baseline (what baseline.json shows instead)."""
+    m = b["megatron"]
+    model = model_of(root, m["benchmark"])
+    return [{**base_row(model, p, m), "not_applicable": why_not(system, p)} for p in m["precisions"]]
+
+
+def row_from_log(log_path: Path, *, model: str, precision: str, lay: Layout, gpu: str | None,
+                 attention: str) -> dict:
+    """The baseline.json row of one Megatron run, from its log (megatron_log + megatron_score.throughput)."""
+    from mlrepro.baseline import flops
+
+    parsed = megatron_log.parse_log(log_path)
+    shape = models.model(model)
+    vocab = padded_vocab(parsed, lay.tp)
+    if vocab and vocab != shape.vocab:  # a run with its own tokenizer: count and predict what it trained
+        shape = dataclasses.replace(shape, vocab=vocab)
+    peak = None
+    if gpu:
+        try:
+            peak = hardware.datasheet_peak_tflops(gpu)
+        except KeyError:
+            peak = None
+    t = megatron_score.throughput(parsed, gpus=lay.gpus, seq_length=shape.seq, peak_tflops=peak)
+    row = {"workload": "megatron", "model": model, "vocab": shape.vocab, "precision": precision, "attention": attention,
+           "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "mbs": lay.mbs, "gbs": lay.gbs, "seq": shape.seq,
+           "gpu": gpu, "peak_tflops": peak, "log": str(log_path)}
+    last = parsed.iterations[-1] if parsed.iterations else None
+    if last is None or not t["iter_time_s"]:
+        problems = "; ".join(parsed.problems[:3]) if parsed.problems else "see the log"
+        return {**row, "error": f"no training iteration in Megatron's log ({problems})"}
+    dt = t["iter_time_s"]
+    # Megatron's count (flops.megatron); the figure Megatron logged beside it, as a check.
+    tflops = flops.megatron(shape, lay.gbs) / dt / lay.gpus / 1e12
+    mem = predicted(model, lay, attention, vocab)
+    pred = mem.total / GIB
+    measured = t["max_allocated_gib"] or t["peak_mem_gib"]
+    row |= {
+        "iter_time_s": round(dt, 4), "samples_per_s": round(lay.gbs / dt, 2),
+        "tokens_per_s": round(lay.gbs * shape.seq / dt), "tflops_per_gpu": round(tflops, 1),
+        "tflops_logged": t["tflops_per_gpu"], "mfu": round(tflops / peak, 4) if peak else None,
+        "peak_mem_gib": round(measured, 2) if measured else None,
+        "peak_reserved_gib": round(t["peak_mem_gib"], 2) if t["peak_mem_gib"] else None,
+        "predicted_mem_gib": round(pred, 2),
+        "mem_error_pct": round(100 * (pred - measured) / measured, 1) if measured else None,
+        "predicted_breakdown_gib": {k: round(v * 1e9 / GIB, 2) for k, v in mem.as_gb().items()},
+        "iterations": last.iteration, "intervals": t["intervals"],
+        "skipped_iterations": sum(i.skipped or 0 for i in parsed.iterations),
+        "tflops_narayanan": round(flops.narayanan(shape, lay.gbs) / dt / lay.gpus / 1e12, 1),
+    }
+    if last.train_iters is not None and last.iteration < last.train_iters:
+        row["error"] = f"training stopped at iteration {last.iteration} of {last.train_iters}"
+    return row
+
+
+def gpu_name(preflight: dict, system: mlrepro_config.System) -> str | None:
+    """The GPU the preflight saw on the node, else the one the system's hardware block names."""
+    seen = preflight.get("summary", {}).get("gpu_model")
+    if seen and seen != NOT_APPLICABLE:
+        return seen
+    return (system.hardware or {}).get("gpu")
+
+
+def run(settings: mlrepro_config.Settings, b: dict, precision: str, preflight_json: Path, out_json: Path,
+        megatron_log_path: Path) -> dict:
+    """One Megatron baseline run (or the row saying why not); writes out_json and returns the row."""
+    system, root = settings.system, settings.root
+    m = b["megatron"]
+    model = model_of(root, m["benchmark"])
+    why = why_not(system, precision)
+    if why:
+        row = {**base_row(model, precision, m), "not_applicable": why}
+        log.info("megatron %s: %s", precision, why)
+        atomic_write_text(megatron_log_path, why + "\n")
+        atomic_write_json(out_json, row)
+        return row
+    pre = json.loads(Path(preflight_json).read_text())
+    if pre["summary"]["verdict"] == "fail":
+        raise RuntimeError(f"preflight failed on this system ({preflight_json}): no baseline on a bad node")
+    lay = layout_of(m, system.gpus_per_node)
+    megatron_dir = megatron_seed.ensure_megatron(settings, m["benchmark"])
+    launch_file = out_json.with_suffix(".launch.sh")
+    line = megatron_launch.torchrun_line(launch_run(model, lay, m, precision), nproc=lay.gpus)
+    atomic_write_text(launch_file, line + "\n")
+    megatron_log_path.unlink(missing_ok=True)
+    script = settings.benchmark(m["benchmark"]).implementation_dir / "run_and_time.sh"
+    env = {"MEGATRON_DIR": str(megatron_dir), "MEGATRON_LAUNCH_FILE": str(launch_file.resolve()),
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    log.info("megatron %s on %s: %s", precision, lay.short(), line)
+    failed = None
+    # Under timeout: a hung rank (NCCL, a compile) ends the row, not the workflow; --kill-after for a
+    # torchrun that ignores SIGTERM.
+    limit = int(math.ceil(m["timeout_s"]))
+    try:
+        proc.run_logged(["timeout", "--kill-after=30", str(limit), "bash", str(script.resolve())], env=env,
+                        log_path=megatron_log_path, what="Megatron-LM baseline run")
+    except RuntimeError as exc:
+        failed = str(exc).splitlines()[0][:300]
+    row = row_from_log(megatron_log_path, model=model, precision=precision, lay=lay, gpu=gpu_name(pre, system),
+                       attention=m["attention"])
+    row |= {"benchmark": m["benchmark"], "launch": str(launch_file)}
+    if failed and "error" not in row:
+        row["error"] = failed
+    elif failed:
+        row["error"] += f" ({failed})"
+    log.info("megatron %s: %s", precision, json.dumps(row))
+    atomic_write_json(out_json, row)
+    return row
+
+
+def run_from_snakemake(smk) -> None:
+    """The baseline_megatron rule (workflow/rules/preflight.smk)."""
+    from mlrepro.stages import stage_process
+
+    settings = mlrepro_config.load(smk.config, Path.cwd())
+    with stage_process(Path(smk.log.stage)):
+        run(settings, smk.params.settings["baseline"], smk.wildcards.precision, Path(smk.input.preflight),
+            Path(smk.output.json), Path(smk.log.megatron))
