@@ -41,7 +41,7 @@ NOT_APPLICABLE = "not applicable"
 def model_of(root: Path, benchmark: str) -> str:
     """The planner model the benchmark's `pretrain:` block trains (e.g. gpt-1.3b)."""
     try:
-        return next(iter(megatron_plan.variants(root, benchmark).values())).model
+        return next(iter(megatron_plan.variants(mlrepro_config.load_benchmark(root, benchmark)).values())).model
     except megatron_plan.Refused as exc:
         raise mlrepro_config.ConfigError(f"baseline: megatron: benchmark {benchmark}: {exc}") from None
 
