@@ -174,11 +174,13 @@ def test_recorded_h100_gpt13b_rows_rebuilt_from_their_megatron_logs(precision):
     m = load_settings(ROOT)["baseline"]["megatron"]
     row = megatron.row_from_log(recorded / f"megatron_{precision}.log", model="gpt-1.3b", precision=precision,
                                 lay=megatron.layout_of(m, 1), gpu=H100, attention="sdpa")
-    for key in ("iter_time_s", "samples_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib", "predicted_mem_gib",
-                "mem_error_pct", "iterations", "skipped_iterations"):
+    for key in ("iter_time_s", "samples_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib", "iterations",
+                "skipped_iterations"):
         assert row[key] == written[key], key
     assert row["tflops_per_gpu"] == pytest.approx(row["tflops_logged"], abs=0.1)
-    assert 0 < row["mem_error_pct"] < 15 and row["iterations"] == 20 and row["intervals"] == 18
+    # fp16 keeps Megatron's gradient buffer in 2 bytes (accumulate_allreduce_grads_in_fp32 off, as its
+    # log says); predicted with the 4 bytes of bf16's it was 13.9% high (the recorded row)
+    assert 0 < row["mem_error_pct"] < 10 and row["iterations"] == 20 and row["intervals"] == 18
     assert [r["workload"] for r in doc["runs"]] == ["megatron", "megatron", "probe"]
     md = (recorded / "baseline_report.md").read_text()
     assert sum(line.startswith("| megatron") for line in md.splitlines()) == 2

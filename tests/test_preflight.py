@@ -209,3 +209,18 @@ def test_torch_sweep_runs_two_real_ranks(tmp_path):
     assert res["ranks"] == 2 and [r["bytes"] for r in res["rows"]] == [8, 1 << 16]
     for r in res["rows"]:
         assert r["time_us"] > 0 and r["busbw_gbps"] == pytest.approx(r["algbw_gbps"], abs=1e-3)  # n=2: factor 1
+
+
+def test_frozen_package_list_names_each_distribution_once(tmp_path, monkeypatch):
+    """Two copies of one distribution on sys.path (a carried site folder over the image's): the list
+    holds the one imports find, as pip freeze does, not both."""
+    from mlrepro.preflight import versions
+
+    for folder, version in (("shadowed", "1.0"), ("first", "2.0")):
+        info = tmp_path / folder / f"mlrepro_probe_pkg-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: mlrepro-probe-pkg\nVersion: {version}\n")
+        monkeypatch.syspath_prepend(str(tmp_path / folder))
+    listed = [p for p in versions.frozen_packages() if p.lower().startswith("mlrepro-probe-pkg==")]
+    assert listed == ["mlrepro-probe-pkg==2.0"]
+    assert len(versions.frozen_packages()) == len({p.split("==")[0].lower() for p in versions.frozen_packages()})

@@ -59,12 +59,17 @@ def layout_of(m: dict, gpus_per_node: int) -> Layout:
     return Layout(tp=tp, pp=pp, dp=dp, mbs=m["mbs"], ga=m["gbs"] // (m["mbs"] * dp))
 
 
-def predicted(model: str, lay: Layout, attention: str, vocab: int | None = None) -> memory.Memory:
+def predicted(model: str, lay: Layout, attention: str, vocab: int | None = None,
+              fp32_grads: bool = True) -> memory.Memory:
     """The planner's memory model for Megatron's recipe (workloads.gpt, as megatron_plan prices a
-    layout), for the vocabulary the run had where it differs from the model's."""
+    layout), for the vocabulary the run had where it differs from the model's. `fp32_grads`:
+    Megatron's accumulate_allreduce_grads_in_fp32, which bf16 forces on; in fp16 it is off by
+    default and the gradient buffer has the weights' 2 bytes (2.45 GiB less for GPT-1.3B, as measured)."""
     w = workloads.gpt(model, lay.gbs, flash_attention=attention == "sdpa")
     if vocab and vocab != w.model.vocab:
         w = dataclasses.replace(w, model=dataclasses.replace(w.model, vocab=vocab))
+    if not fp32_grads:
+        w = dataclasses.replace(w, training=dataclasses.replace(w.training, grad_bytes=2))
     return memory.estimate(w, lay)
 
 
@@ -147,7 +152,8 @@ def row_from_log(log_path: Path, *, model: str, precision: str, lay: Layout, gpu
     dt = t["iter_time_s"]
     # Megatron's count (flops.megatron); the figure Megatron logged beside it, as a check.
     tflops = flops.megatron(shape, lay.gbs) / dt / lay.gpus / 1e12
-    mem = predicted(model, lay, attention, vocab)
+    mem = predicted(model, lay, attention, vocab,
+                    fp32_grads=parsed.args.get("accumulate_allreduce_grads_in_fp32", "True") == "True")
     pred = mem.total / GIB
     measured = t["max_allocated_gib"] or t["peak_mem_gib"]
     row |= {

@@ -51,6 +51,18 @@ def _dist(name: str) -> str | None:
         return None
 
 
+def frozen_packages() -> list[str]:
+    """name==version of each installed distribution, as `pip freeze` lists them: one per name, the
+    one imports find (the first on sys.path; a copy further down, e.g. the image's own under a
+    carried site folder, is shadowed and left out)."""
+    seen: dict[str, str] = {}
+    for d in md.distributions():
+        name = d.metadata["Name"]
+        if name:
+            seen.setdefault(name.lower().replace("_", "-"), f"{name}=={d.version}")
+    return sorted(seen.values(), key=str.lower)
+
+
 def collect() -> dict:
     """What this node runs; GPU-side entries are "not applicable" without a GPU driver."""
     import torch
@@ -59,7 +71,7 @@ def collect() -> dict:
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    frozen = sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions() if d.metadata["Name"])
+    frozen = frozen_packages()
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
