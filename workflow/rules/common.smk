@@ -6,6 +6,8 @@ from mlrepro.launch import plan as launch
 from mlrepro import systems as mlrepro_systems
 from mlrepro.util.fsutil import private_umask
 from mlrepro.pretrain import megatron_plan
+from mlrepro.baseline import megatron as baseline_megatron
+from mlrepro.preflight import run as preflight_run
 
 
 # Read strictly first: Snakemake's own loader names no file on a YAML error and keeps the
@@ -167,3 +169,30 @@ def implementation_files(wc):
     else:
         folder = launch.implementation_config(b, SYSTEM).path.parent
     return ready + [str(folder / p) for p in container.context_files(folder)]
+
+
+# config/preflight.yaml validated at parse time: a bad key, or a Megatron layout the node cannot
+# hold, stops the DAG before any job.
+try:
+    PREFLIGHT = preflight_run.load_settings(Path(workflow.basedir))
+    MEGATRON_BASELINE = PREFLIGHT["baseline"]["megatron"]
+    baseline_megatron.model_of(Path(workflow.basedir), MEGATRON_BASELINE["benchmark"])
+    if SYSTEM.device == "cuda":
+        baseline_megatron.layout_of(MEGATRON_BASELINE, SYSTEM.gpus_per_node)
+except mlrepro_config.ConfigError as error:
+    raise config_error(error) from None
+
+
+def megatron_baseline_rows(wc):
+    """The Megatron rows the baseline reads: one run per precision on a CUDA system, none elsewhere
+    (there baseline.json says 'not applicable' without starting Megatron-LM)."""
+    if SYSTEM.device != "cuda":
+        return []
+    return layout.megatron_baseline_files(wc.system, MEGATRON_BASELINE["precisions"])
+
+
+def previous_megatron_run(wc):
+    """One Megatron run on the node at a time: each precision waits for the one before it."""
+    precisions = MEGATRON_BASELINE["precisions"]
+    i = precisions.index(wc.precision)
+    return layout.megatron_baseline_files(wc.system, precisions[i - 1:i]) if i else []
