@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,23 @@ def test_recorded_h100_local_attention_row_and_the_fp8_row():
     assert row["tflops_per_gpu"] == local["tflops_per_gpu"] == pytest.approx(147.4, abs=0.1)
     assert abs(row["mem_error_pct"]) < 5  # scores materialised: workloads.gpt(flash_attention=False)
     assert "Transformer Engine" in fp8["not_applicable"] and "iter_time_s" not in fp8
+
+
+def test_a_failed_megatron_run_leaves_no_row_for_a_rerun_to_trust(tmp_path, monkeypatch):
+    """Megatron-LM exits non-zero (here a stand-in pretrain_gpt.py that fails at start): the job
+    raises with the log's path and writes no megatron_<precision>.json, so a rerun runs it again."""
+    ws = make_workspace(tmp_path / "ws")
+    broken = tmp_path / "megatron"
+    broken.mkdir()
+    (broken / "pretrain_gpt.py").write_text("import sys\nprint('stand-in: CUDA error: no kernel image')\nsys.exit(3)\n")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # the venv's torchrun
+    settings = config.load({"benchmarks": ["mini_lora"], "system": "local", "pretrain": {"megatron": str(broken)}}, ws)
+    gpu_system = dataclasses.replace(settings.system, device="cuda", gpus_per_node=1)
+    settings = dataclasses.replace(settings, system=gpu_system)
+    pre = tmp_path / "preflight.json"
+    pre.write_text(json.dumps({"summary": {"verdict": "pass", "gpu_model": H100}}))
+    out, log = tmp_path / "megatron_bf16.json", tmp_path / "megatron_bf16.log"
+    with pytest.raises(RuntimeError, match=r"baseline run \(bf16\) failed.*megatron_bf16\.log"):
+        megatron.run(settings, load_settings(ws)["baseline"], "bf16", pre, out, log)
+    assert not out.exists()
+    assert "stand-in: CUDA error" in log.read_text()

@@ -220,11 +220,11 @@ def run(settings: mlrepro_config.Settings, b: dict, precision: str, preflight_js
     row = row_from_log(megatron_log_path, model=model, precision=precision, lay=lay, gpu=gpu_name(pre, system),
                        attention=m["attention"])
     row |= {"benchmark": m["benchmark"], "launch": str(launch_file)}
-    if failed and "error" not in row:
-        row["error"] = failed
-    elif failed:
-        row["error"] += f" ({failed})"
     log.info("megatron %s: %s", precision, json.dumps(row))
+    if failed or "error" in row:
+        # No row file: a rerun runs it again rather than trusting a failed measurement.
+        why = "; ".join(x for x in (row.get("error"), failed) if x)
+        raise RuntimeError(f"Megatron-LM baseline run ({precision}) failed: {why}; Megatron's log: {megatron_log_path}")
     atomic_write_json(out_json, row)
     return row
 
