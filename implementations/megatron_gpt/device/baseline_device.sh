@@ -9,6 +9,7 @@
 # baseline_preflight.yaml (config/preflight.yaml for this call: the probe's first run only, short
 # Megatron runs under a timeout), both beside this script; PREFLIGHT_YAML names another settings file.
 # Back in $OUT (at most 8 files): baseline.json, the report (.md, .html, .png), Megatron's logs, rc.txt.
+SYSTEM=${SYSTEM:-device-h100}   # config/systems/<name>.yaml of the machine (device-h100, device-h200)
 T=${T:-$PWD/.gpu/mb12/tree}
 G=${G:-$PWD/.gpu/g11c}
 WHL=${WHL:-$PWD/.whl}
@@ -25,13 +26,13 @@ W=/tmp/work; rm -rf $W; cp -r "$T" $W; mkdir -p $W/.gpu/g11c; cp "$G/megatron.ta
 cd $W; export PYTHONPATH=/tmp/site:$G/stubs:$W/src
 cp "${PREFLIGHT_YAML:-$HERE/baseline_preflight.yaml}" config/preflight.yaml
 start=$(date +%s)
-timeout ${SMK_TIMEOUT:-480} python3 -m snakemake -c16 --scheduler greedy results/baseline/device-h100/baseline.json \
-  --configfile $HERE/baseline_device.yaml --config system=device-h100 > /tmp/snakemake.txt 2>&1
+timeout ${SMK_TIMEOUT:-480} python3 -m snakemake -c16 --scheduler greedy results/baseline/$SYSTEM/baseline.json \
+  --configfile $HERE/baseline_device.yaml --config system=$SYSTEM > /tmp/snakemake.txt 2>&1
 echo "snakemake rc=$? wall_s=$(( $(date +%s) - start ))" | tee "$OUT/rc.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/rc.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)" >> "$OUT/rc.txt" 2>&1
 tail -40 /tmp/snakemake.txt >> "$OUT/rc.txt"
-B=results/baseline/device-h100
+B=results/baseline/$SYSTEM
 cp $B/baseline.json $B/baseline_report.md $B/baseline_report.html $B/baseline.png "$OUT/" 2>/dev/null
 mkdir -p "$OUT/logs"
 # Megatron's own logs (the rows' source) and the stage logs, in one file each to stay under 8 files.
