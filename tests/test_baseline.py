@@ -56,7 +56,7 @@ def test_gpt13b_formulas():
 def _recorded_runs() -> list[dict]:
     runs = json.loads((H100 / "debug_probe.json").read_text())
     for final in [H100 / "baseline.json", *sorted(SWEEPS.glob("*/sweep/baseline.json")),
-                  SWEEPS / "h100_workflow" / "baseline.json"]:
+                  SWEEPS / "h100_workflow" / "baseline.json", SWEEPS / "h200_workflow" / "baseline.json"]:
         runs += json.loads(final.read_text())["runs"]
     # the probe's rows (workload (b)); the Megatron rows have their own memory recipe and tests
     return [r for r in runs if "error" not in r and r.get("workload", "probe") == "probe"]
