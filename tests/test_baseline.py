@@ -99,6 +99,19 @@ def test_residual_stream_dtype(residual, dtype):
     assert {p.dtype for p in model.parameters()} == {p.grad.dtype for p in model.parameters()} == {torch.float32}
 
 
+def test_timed_steps_warm_up_then_time_real_optimizer_steps():
+    """The probe's clock (also benchmarks/baseline/probe_variants.py's): the warm-up steps are not
+    timed, the timed steps train (the loss falls on a repeated batch), no GPU figures on the CPU."""
+    model, step = probe.build(TINY, "bf16", ga=1, compile_scope="none", device="cpu")
+    x = torch.randint(0, TINY.vocab, (2, TINY.seq))
+    y = torch.roll(x, -1, 1)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        before = float(model(x, y))
+    t = probe.timed_steps(step, x, y, warmup=2, steps=3)
+    assert t["warmup_s"] > 0 and t["step_s"] > 0 and t["loss"] < before
+    assert t["static_bytes"] is None and t["peak_bytes"] is None
+
+
 def test_report_table_html_markdown_plot(tmp_path):
     doc = {"system": "device-h100", "runs": _recorded_runs(), "flops_formula": "Megatron"}
     report.write(doc, tmp_path / "r.md", tmp_path / "r.html", tmp_path / "r.png")

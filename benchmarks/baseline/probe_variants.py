@@ -62,22 +62,13 @@ def child(name: str, spec: dict, steps: int, warmup: int) -> dict:
                               attention=spec.get("attention", "flash"))
     x = torch.randint(0, shape.vocab, (spec["mbs"], shape.seq), device="cuda")
     y = torch.roll(x, -1, 1)
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        step(x, y)
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step(x, y)
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
+    t = probe.timed_steps(step, x, y, warmup, steps)
+    compile_s, dt = t["warmup_s"], t["step_s"]
     gbs = spec["mbs"] * spec["ga"]
     total = flops.megatron(shape, gbs)
     row = {"variant": name, **{k: v for k, v in spec.items() if k != "profile"}, "gpu": torch.cuda.get_device_name(0),
            "iter_time_s": round(dt, 4), "tflops": round(total / dt / 1e12, 1),
-           "mfu_pct": round(100 * total / dt / 989e12, 2), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+           "mfu_pct": round(100 * total / dt / 989e12, 2), "peak_gib": round(t["peak_bytes"] / 2**30, 2),
            "compile_s": round(compile_s, 1)}
     if spec.get("profile"):
         from torch.profiler import ProfilerActivity, profile

@@ -81,6 +81,29 @@ def build(shape: models.ModelShape, precision: str = "bf16", ga: int = 1, residu
     return model, _step_fn(torch, model, opt, scaler, dtype, ga, device)
 
 
+def timed_steps(step, x, y, warmup: int, steps: int) -> dict:
+    """Warm up (the first steps compile), then time `steps` optimizer steps. On a GPU, also the
+    memory held between steps (static_bytes) and the peak during the timed ones (peak_bytes)."""
+    import torch
+
+    cuda = x.is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step(x, y)
+    sync()
+    warmup_s = time.perf_counter() - t0
+    static = torch.cuda.memory_allocated() if cuda else None
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step(x, y)
+    sync()
+    return {"warmup_s": warmup_s, "step_s": (time.perf_counter() - t0) / steps, "static_bytes": static,
+            "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None, "loss": float(loss)}
+
+
 def measure(model_name: str, precision: str = "bf16", mbs: int = 16, steps: int = 10, warmup: int = 4,
             ga: int = 4, attention: str = "flash", compile_mode: str = "default", residual: str = "bf16",
             compile_scope: str = "model") -> dict:
@@ -95,20 +118,9 @@ def measure(model_name: str, precision: str = "bf16", mbs: int = 16, steps: int 
     torch.cuda.reset_peak_memory_stats()
     model, step = build(shape, precision, ga, residual, compile_scope, compile_mode, attention=attention)
     x = torch.randint(0, shape.vocab, (mbs, shape.seq), device="cuda")
-    y = torch.roll(x, -1, 1)
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        step(x, y)
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-    static = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        loss = step(x, y)
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
-    peak = torch.cuda.max_memory_allocated() / GIB
+    t = timed_steps(step, x, torch.roll(x, -1, 1), warmup, steps)
+    compile_s, dt, static, loss = t["warmup_s"], t["step_s"], t["static_bytes"], t["loss"]
+    peak = t["peak_bytes"] / GIB
     gpu = torch.cuda.get_device_name(0)
     ref = hardware.gpu_model(gpu)
     peak_tflops = ref.peak_tflops_bf16 if ref else float("nan")
