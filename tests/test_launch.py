@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import textwrap
 from pathlib import Path
 
@@ -268,6 +269,27 @@ def test_ranks_in_their_own_session_die_with_the_run(tree, monkeypatch):
     stages.train_seed(settings(tree), "tiny", 1, out, log)
     assert out.exists()
     assert proctree.find(seed_marker(tree, 1)) == []
+
+
+def test_kill_does_not_miss_a_rank_in_the_middle_of_exec(tmp_path):
+    """A rank being started (a launcher exec'ing into the next program, as torchrun's do) shows an
+    empty environment for an instant; one empty look let such a rank survive kill() (6 of 15 runs
+    before the second look, seen while CI ran this file's rank test under load)."""
+    from mlrepro.util import proctree
+
+    chain = tmp_path / "chain.sh"  # 30 execs, then the rank
+    chain.write_text('#!/bin/bash\nif (( $1 > 0 )); then exec bash "$0" $(( $1 - 1 )); fi\nexec -a fake-rank sleep 300\n')
+    survived = 0
+    for i in range(8):
+        marker = f"{tmp_path.name}-exec-{i}"
+        subprocess.Popen(["bash", str(chain), "30"], env={**os.environ, proctree.MARKER: marker},
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proctree.kill(marker)
+        time.sleep(0.3)
+        if proctree.find(marker):
+            survived += 1
+            proctree.kill(marker)
+    assert survived == 0
 
 
 def _owner(tree: Path, seed: int, **env) -> subprocess.Popen:
