@@ -102,10 +102,14 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
             signal.signal(sig, stop)
         try:
             rc = proc.wait()
-            # What outlived run_and_time.sh (a rank in its own session) would hold the pipe open.
-            with contextlib.suppress(proctree.Survivors):
-                proctree.kill(marker)
-            reader.join()
+            # What outlived run_and_time.sh (a rank in its own session) would hold the pipe open:
+            # killed until the pipe closes (a rank still being exec'd is caught on a later look).
+            while True:
+                with contextlib.suppress(proctree.Survivors):
+                    proctree.kill(marker)
+                reader.join(timeout=1.0)
+                if not reader.is_alive():
+                    break
         except _WallTime:
             proc.wait()
             reader.join()

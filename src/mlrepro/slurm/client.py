@@ -525,8 +525,10 @@ def find_jobs(name: str, *, user: str | None = None, since: str = "now-30days",
     """Jobs of `user` (default: the current one) named `name`, oldest first.
 
     For re-attaching to seeds a killed workflow left queued or running: both
-    squeue (jobs slurmctld still holds) and sacct (finished ones) are asked;
-    sacct's answer wins for a job both know.
+    squeue (jobs slurmctld still holds) and sacct (finished ones) are asked.
+    For a job both know, sacct's answer wins once it says the job ended (its
+    exit code); before that squeue's, since accounting trails the controller
+    (sacct can still say PENDING for a job squeue already shows RUNNING).
     """
     if not name:
         raise ValueError("find_jobs needs a job name")
@@ -538,7 +540,7 @@ def find_jobs(name: str, *, user: str | None = None, since: str = "now-30days",
     if status_command == "sacct":
         try:
             for job in _sacct_jobs(["--name", name, "-u", user, "-S", since]):
-                if job.name == name:
+                if job.name == name and (job.terminal or job.job_id not in found):
                     found[job.job_id] = job
         except SlurmError as exc:
             log.warning("sacct failed while looking for jobs named %s: %s", name, exc)
