@@ -224,3 +224,15 @@ def test_frozen_package_list_names_each_distribution_once(tmp_path, monkeypatch)
     listed = [p for p in versions.frozen_packages() if p.lower().startswith("mlrepro-probe-pkg==")]
     assert listed == ["mlrepro-probe-pkg==2.0"]
     assert len(versions.frozen_packages()) == len({p.split("==")[0].lower() for p in versions.frozen_packages()})
+
+
+def test_no_baseline_is_measured_on_a_node_that_failed_its_preflight(tmp_path):
+    """The one gate both baseline workloads pass (the probe's rule and each Megatron run)."""
+    from mlrepro.preflight.run import healthy_record
+
+    record = tmp_path / "preflight.json"
+    record.write_text(json.dumps({"summary": {"verdict": "warn", "gpu_model": "NVIDIA H100 80GB HBM3"}}))
+    assert healthy_record(record)["summary"]["gpu_model"] == "NVIDIA H100 80GB HBM3"
+    record.write_text(json.dumps({"summary": {"verdict": "fail"}}))
+    with pytest.raises(RuntimeError, match=r"preflight failed on this system .*preflight\.json.*bad node"):
+        healthy_record(record)

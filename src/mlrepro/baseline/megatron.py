@@ -28,6 +28,7 @@ from pathlib import Path
 from mlrepro import config as mlrepro_config
 from mlrepro.plan import hardware, memory, models, workloads
 from mlrepro.plan.layout import Layout
+from mlrepro.preflight.run import healthy_record
 from mlrepro.pretrain import megatron_launch, megatron_log, megatron_plan, megatron_score, megatron_seed
 from mlrepro.util import proc
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
@@ -195,9 +196,7 @@ def run(settings: mlrepro_config.Settings, b: dict, precision: str, preflight_js
         atomic_write_text(megatron_log_path, why + "\n")
         atomic_write_json(out_json, row)
         return row
-    pre = json.loads(Path(preflight_json).read_text())
-    if pre["summary"]["verdict"] == "fail":
-        raise RuntimeError(f"preflight failed on this system ({preflight_json}): no baseline on a bad node")
+    pre = healthy_record(Path(preflight_json))
     lay = layout_of(m, system.gpus_per_node)
     megatron_dir = megatron_seed.ensure_megatron(settings, m["benchmark"])
     launch_file = out_json.with_suffix(".launch.sh")

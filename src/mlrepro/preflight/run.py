@@ -154,10 +154,20 @@ def run(args) -> int:
     return 1 if doc["summary"]["verdict"] == "fail" else 0
 
 
+def healthy_record(path: Path) -> dict:
+    """The preflight record at `path`, for a stage that measures the node (both baseline workloads);
+    RuntimeError when the node failed its preflight: no baseline is measured on a bad node."""
+    import json
+
+    pre = json.loads(Path(path).read_text())
+    if pre["summary"]["verdict"] == "fail":
+        raise RuntimeError(f"preflight failed on this system ({path}): no baseline on a bad node")
+    return pre
+
+
 def run_from_snakemake(smk) -> None:
     """The preflight and baseline rules (workflow/rules/preflight.smk)."""
     import json
-    import sys
 
     from mlrepro import config
     from mlrepro.stages import stage_process
@@ -173,10 +183,7 @@ def run_from_snakemake(smk) -> None:
 
         from mlrepro.baseline import megatron
 
-        pre = json.loads(Path(smk.input.preflight).read_text())
-        if pre["summary"]["verdict"] == "fail":
-            log.error("preflight failed on this system (%s): no baseline on a bad node", smk.input.preflight)
-            sys.exit(1)
+        healthy_record(Path(smk.input.preflight))
         if system.device == "cuda":  # the baseline_megatron jobs' rows
             rows = [json.loads(Path(p).read_text()) for p in smk.input.megatron]
         else:
