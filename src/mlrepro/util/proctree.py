@@ -90,9 +90,6 @@ def find(marker: str) -> list[Proc]:
     return found
 
 
-QUIET_LOOK_S = 0.3
-
-
 def kill(marker: str, timeout: float = 15.0) -> list[Proc]:
     """SIGKILL every process of the seed until none is left; the ones killed. Survivors if some will not die."""
     killed: dict[int, Proc] = {}
@@ -100,12 +97,7 @@ def kill(marker: str, timeout: float = 15.0) -> list[Proc]:
     while True:
         procs = find(marker)
         if not procs:
-            # Looked at twice: a process in the middle of execve shows an empty environ for an instant
-            # (the new image's is not set up yet), so one empty look can miss a rank being started.
-            time.sleep(QUIET_LOOK_S)
-            procs = find(marker)
-            if not procs:
-                return list(killed.values())
+            return list(killed.values())
         if time.monotonic() > deadline:
             raise Survivors("processes of the seed survive SIGKILL: "
                             + "; ".join(f"{p.pid} {p.command[:80]}" for p in procs))
