@@ -28,6 +28,11 @@ def slurm_cluster():
         if in_ci or os.geteuid() == 0:
             pytest.fail(message)
         pytest.skip(message)
+    # A cluster kept from an earlier session (its state survives on disk) may still hold that session's
+    # jobs; they would take this session's nodes.
+    from mlrepro.slurm import testcluster
+
+    testcluster.cancel_all_jobs(testcluster.Layout(testcluster.state_dir_from_env()))
     return proc
 
 

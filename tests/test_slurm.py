@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlrepro.slurm import client as slurm
+from workspace import wait_for
 
 # ---------------------------------------------------------------- fixture
 
@@ -225,6 +226,48 @@ def test_sbatch_refusal_carries_slurms_message(slurm_cluster, tmp_path):
     # Slurm records a refused submission in accounting as a FAILED job, but
     # nothing of it is queued or running.
     assert all(j.terminal for j in slurm.find_jobs("mlrepro-test-refused"))
+
+
+def _accounting_sql(sql: str) -> str:
+    from mlrepro.slurm import testcluster
+
+    layout = testcluster.Layout(testcluster.state_dir_from_env())
+    return testcluster._mariadb(layout, f"USE {testcluster.DB_NAME}; {sql}")
+
+
+@pytest.mark.slurm
+def test_a_runaway_accounting_record_is_never_waited_on(slurm_cluster, tmp_path):
+    """A job accounting still calls RUNNING that slurmctld no longer holds (its state lost, or the end
+    never recorded: a "runaway" job) is UNKNOWN to job_info and left out by find_jobs, so neither a
+    seed's re-attach nor a corpus array's wait for an earlier array waits on it forever."""
+    from mlrepro.slurm import testcluster
+
+    name = f"mlrepro-test-runaway-{time.time_ns()}"
+    done = slurm.submit(write_script(tmp_path / "ok.sub", "true\n"), output=tmp_path / "ok.out", env={}, job_name=name)
+    assert slurm.wait(done, poll_seconds=0.3, timeout_seconds=120).state == "COMPLETED"
+    table = f"{testcluster.CLUSTER_NAME}_job_table"
+
+    def recorded():
+        return _accounting_sql(f"SELECT job_db_inx FROM {table} WHERE id_job={done} AND time_end>0").split()
+
+    inx = wait_for(recorded, 60, "accounting to record the job's end")[0]
+    runaway = str(990_000_000 + int(time.time()) % 1_000_000)
+    columns = [c for c in _accounting_sql(f"SHOW COLUMNS FROM {table}").split("\n") if c]
+    names = [c.split("\t")[0] for c in columns if c.split("\t")[0] != "job_db_inx"]
+    values = {"id_job": runaway, "state": "1", "time_end": "0", "exit_code": "0"}  # 1: JOB_RUNNING
+    _accounting_sql(f"INSERT INTO {table} ({', '.join(f'`{n}`' for n in names)}) SELECT "
+                    f"{', '.join(values.get(n, f'`{n}`') for n in names)} FROM {table} WHERE job_db_inx={inx}")
+    try:
+        assert wait_for(lambda: [r for r in slurm._sacct_jobs(["-j", runaway]) if r.job_id == runaway],
+                        30, "sacct to list the runaway record")[0].state == "RUNNING"  # what accounting says
+        info = slurm.job_info(runaway)
+        assert info.state == "UNKNOWN" and "runaway" in info.reason and not info.terminal
+        with pytest.raises(slurm.SlurmError, match="does not know"):
+            slurm.wait(runaway, poll_seconds=0.2, unknown_grace_seconds=0.5)
+        found = {j.job_id: j.state for j in slurm.find_jobs(name)}
+        assert found == {str(done): "COMPLETED"}
+    finally:
+        _accounting_sql(f"DELETE FROM {table} WHERE id_job={runaway}")
 
 
 @pytest.mark.slurm

@@ -33,12 +33,35 @@ def snakemake_cmd(*args: str) -> list[str]:
 def run_snakemake(workdir: Path, *args: str, timeout: float = 1800, check: bool = True,
                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        snakemake_cmd(*args), cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    try:
+        proc = subprocess.run(
+            snakemake_cmd(*args), cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"snakemake {' '.join(args)} still running after {timeout:.0f} s\n"
+                             + _hang_report(workdir, exc)) from None
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc
+
+
+def _hang_report(workdir: Path, exc: subprocess.TimeoutExpired) -> str:
+    """What a hung run left to read: its output's tail, its logs' tails, and Slurm's queue."""
+    def text(data) -> str:
+        return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+    parts = [f"--- stdout (tail)\n{text(exc.stdout)[-3000:]}", f"--- stderr (tail)\n{text(exc.stderr)[-6000:]}"]
+    logs = sorted((workdir / "logs").rglob("*.log"), key=lambda p: p.stat().st_mtime)[-6:] \
+        if (workdir / "logs").is_dir() else []
+    parts += [f"--- {p.relative_to(workdir)} (tail)\n{p.read_text(errors='replace')[-1500:]}" for p in logs]
+    for cmd in (["squeue", "-a", "-o", "%i %j %T %r %N"], ["sacct", "-X", "-S", "now-1hour", "-o", "JobID,JobName%40,State"]):
+        if shutil.which(cmd[0]):
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+                parts.append(f"--- {' '.join(cmd)}\n{out.stdout[-3000:]}{out.stderr[-500:]}")
+            except subprocess.TimeoutExpired:
+                parts.append(f"--- {cmd[0]} did not answer in 30 s")
+    return "\n".join(parts)
 
 
 def planned_jobs(output: str) -> dict[str, int]:

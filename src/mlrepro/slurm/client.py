@@ -12,6 +12,7 @@ every command line or environment that reaches a log goes through mlrepro.util.s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -469,12 +470,24 @@ def job_info(job_id: str | int, *, status_command: str = "sacct") -> JobInfo:
             rows = [j for j in _sacct_jobs(["-j", job_id]) if j.job_id == job_id]
         except SlurmError as exc:
             sacct_error, rows = exc, []
-        if rows:
+        if rows and (rows[-1].terminal or ctld_error is not None):
             return rows[-1]
+        if rows:
+            return _runaway(rows[-1])
     errors = [str(e) for e in (ctld_error, sacct_error) if e is not None]
     if errors:
         log.warning("Slurm could not say what became of job %s: %s", job_id, "; ".join(errors))
     return JobInfo(job_id=job_id, state=UNKNOWN, source="none", reason="; ".join(errors) or None)
+
+
+def _runaway(record: JobInfo) -> JobInfo:
+    """A job accounting still calls queued or running but slurmctld no longer holds: a "runaway" record
+    (slurmctld lost its state, or its end never reached slurmdbd; `sacctmgr show runawayjobs` lists them).
+    slurmctld forgets only jobs that ended, so nothing runs there: it is UNKNOWN, never waited on."""
+    reason = (f"accounting says {record.state} but slurmctld no longer holds the job "
+              "(a runaway record: see `sacctmgr show runawayjobs`)")
+    log.warning("Slurm job %s: %s", record.job_id, reason)
+    return dataclasses.replace(record, state=UNKNOWN, reason=reason)
 
 
 def wait(
@@ -504,7 +517,8 @@ def wait(
             return info
         waited = time.monotonic() - started
         if info.state == UNKNOWN and waited > unknown_grace_seconds:
-            raise SlurmError(f"Slurm does not know job {job_id} (waited {waited:.0f} s)")
+            raise SlurmError(f"Slurm does not know job {job_id} (waited {waited:.0f} s)"
+                             + (f": {info.reason}" if info.reason else ""))
         if timeout_seconds is not None and waited > timeout_seconds:
             raise SlurmError(f"job {job_id} still {info.state} after {waited:.0f} s")
         time.sleep(poll_seconds)
@@ -528,7 +542,8 @@ def find_jobs(name: str, *, user: str | None = None, since: str = "now-30days",
     squeue (jobs slurmctld still holds) and sacct (finished ones) are asked.
     For a job both know, sacct's answer wins once it says the job ended (its
     exit code); before that squeue's, since accounting trails the controller
-    (sacct can still say PENDING for a job squeue already shows RUNNING).
+    (sacct can still say PENDING for a job squeue already shows RUNNING). A job
+    only sacct knows and calls live is a runaway record, left out.
     """
     if not name:
         raise ValueError("find_jobs needs a job name")
@@ -540,8 +555,12 @@ def find_jobs(name: str, *, user: str | None = None, since: str = "now-30days",
     if status_command == "sacct":
         try:
             for job in _sacct_jobs(["--name", name, "-u", user, "-S", since]):
-                if job.name == name and (job.terminal or job.job_id not in found):
+                if job.name != name:
+                    continue
+                if job.terminal:
                     found[job.job_id] = job
+                elif job.job_id not in found:
+                    _runaway(job)  # named in the log, left out: nothing of it is queued or running
         except SlurmError as exc:
             log.warning("sacct failed while looking for jobs named %s: %s", name, exc)
     return sorted(found.values(), key=lambda j: _job_sort_key(j.job_id))

@@ -770,7 +770,8 @@ def _all_running(layout: Layout) -> bool:
         running_pid(layout, "munged") is not None or _munge_answers(layout))
 
 
-def _cancel_all_jobs(layout: Layout) -> None:
+def cancel_all_jobs(layout: Layout) -> None:
+    """scancel every job on the cluster and wait (30 s at most) until none is left."""
     if not running_pid(layout, "slurmctld"):
         return
     jobs = _run(["squeue", "-h", "-o", "%i"], layout, check=False, timeout=30).stdout.split()
@@ -789,7 +790,7 @@ def _cancel_all_jobs(layout: Layout) -> None:
 def cluster_down(layout: Layout, purge: bool = False) -> None:
     if os.geteuid() != 0:
         raise ClusterError("`mlrepro cluster down` must run as root")
-    _cancel_all_jobs(layout)
+    cancel_all_jobs(layout)
     stopped = [d for d in reversed(DAEMONS) if stop_daemon(layout, d)]
     unlink_etc_slurm(layout)
     log(f"stopped {', '.join(stopped) if stopped else 'nothing (no daemon started by `up` was running)'}")
