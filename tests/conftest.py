@@ -28,11 +28,12 @@ def slurm_cluster():
         if in_ci or os.geteuid() == 0:
             pytest.fail(message)
         pytest.skip(message)
-    # A cluster kept from an earlier session (its state survives on disk) may still hold that session's
-    # jobs; they would take this session's nodes.
-    from mlrepro.slurm import testcluster
+    # A CI machine's cluster kept from an earlier run (its state survives on disk) may still hold that
+    # run's jobs, which would take this run's nodes. Elsewhere they may be another session's: left alone.
+    if in_ci:
+        from mlrepro.slurm import testcluster
 
-    testcluster.cancel_all_jobs(testcluster.Layout(testcluster.state_dir_from_env()))
+        testcluster.cancel_all_jobs(testcluster.Layout(testcluster.state_dir_from_env()))
     return proc
 
 
