@@ -462,6 +462,7 @@ def main() -> int:
                   "clock_s": round(log.clock_s(), 3)}
         print(f"mini_gpt segment: {json.dumps(record)}", file=sys.stderr, flush=True)
     if distributed:
+        dist.barrier()  # as mini_lora: no rank closes its gloo pairs while a peer is still in a collective
         dist.destroy_process_group()
     return 0
 

@@ -321,6 +321,10 @@ def main() -> int:
             file=sys.stderr,
         )
     if distributed:
+        # Every rank past its last collective before any tears its gloo pairs down: a rank that closes
+        # them while a peer still finishes the eval all_reduce aborts that peer at exit (CI, once:
+        # "terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
