@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mlrepro import config as mlrepro_config
-from mlrepro.corpus import blend, indexed
+from mlrepro.corpus import blend, indexed, minicorpus
 from mlrepro.plan import hardware
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch, megatron_plan
@@ -23,8 +23,10 @@ PINNED = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 
 @pytest.fixture
 def corpus(tmp_path):
-    """A blend written by the corpus stage's own write_blend over two real .bin/.idx prefixes."""
+    """A blend written by the corpus stage's own write_blend over two real .bin/.idx prefixes, and
+    the tokenizer the mini corpus trains."""
     out = tmp_path / "mini_corpus"
+    minicorpus.train_gpt2_bpe(minicorpus.documents(50, seed=1), out / "tokenizer", vocab_size=300)
     prefixes = []
     for name, n in (("train_chunk_0_text_document", 300), ("train_chunk_1_text_document", 100)):
         prefix = out / "preprocessed" / name
@@ -47,7 +49,8 @@ def test_plans_print_shape_layout_walltime_and_launch_line(corpus):
     head, sbatch, srun = text.splitlines()
     assert head.startswith("gpt-13b-4xdp-4xpp-4xtp on dgxh100-64x8: 8 node(s) x 8 GPUs (64 x NVIDIA H100 80GB HBM3)")
     assert "layout TP4 PP4 DP4 " in head and "(GBS 1024)" in head
-    assert re.search(r"wall time \d+-\d\d:\d\d:00$", head)
+    first = mlrepro_config.load_benchmark(ROOT, "gpt_13b").seeds[0]  # whose line the plan shows
+    assert re.search(rf"wall time \d+-\d\d:\d\d:00; launch line of seed {first}$", head)
     # 260B tokens / (1024 x 2048) iterations
     assert "123,978 iterations" in head
     assert sbatch.split()[:5] == ["sbatch", "-N", "8", "--ntasks-per-node=8", "--gpus-per-node=8"]
@@ -59,7 +62,24 @@ def test_plans_print_shape_layout_walltime_and_launch_line(corpus):
     d = argv.index("--data-path")
     assert argv[d + 1: d + 5] == ["0.75", "/data/preprocessed/train_chunk_0_text_document",
                                   "0.25", "/data/preprocessed/train_chunk_1_text_document"]
-    assert argv[argv.index("--vocab-file") + 1] == "/data/tokenizer/vocab.json"
+    # The data is pretokenized: Megatron gets the corpus tokenizer's vocabulary size, not its files.
+    vocab = len(json.loads((corpus / "tokenizer" / "vocab.json").read_text()))
+    assert argv[argv.index("--tokenizer-type") + 1: argv.index("--tokenizer-type") + 4] == [
+        "NullTokenizer", "--vocab-size", str(vocab)]
+    assert argv[argv.index("--seed") + 1] == str(first)
+
+
+def test_a_plan_renders_before_the_corpus_stages_have_run(tmp_path):
+    """A dry run comes before the corpus exists: the line shows UNPREPARED where the blend and the
+    vocabulary size will be, and says so."""
+    missing = tmp_path / "mini_corpus"
+    text, refused = _render("gpt_126m", "dgxh100-64x8", missing, "gpt-125m")
+    assert not refused
+    note, head, sbatch, srun = text.splitlines()
+    assert str(missing / "data_prefix.json") in note and str(missing / "tokenizer" / "vocab.json") in note
+    argv = shlex.split(srun)
+    assert argv[argv.index("--data-path") + 2] == "/data/preprocessed/UNPREPARED"
+    assert argv[argv.index("--vocab-size") + 1] == "UNPREPARED"
 
 
 @pytest.mark.parametrize("benchmark", ["gpt_126m", "gpt_126m_deepspeed", "gpt_1p3b", "gpt_8b", "gpt_8b_nemo",

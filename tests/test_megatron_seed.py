@@ -16,7 +16,7 @@ import pytest
 from mlrepro import config as mlrepro_config
 from mlrepro.corpus import blend, indexed, minicorpus
 from mlrepro.launch import plan as launch
-from mlrepro.pretrain import megatron_seed
+from mlrepro.pretrain import megatron_plan, megatron_seed
 from workspace import make_workspace, run_snakemake
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -70,6 +70,43 @@ def test_slurm_seed_is_run_sub_with_per_rank_arguments(tmp_path):
     assert argv[0] == "--num-layers"  # srun starts the ranks: no torchrun in front
     assert argv[argv.index("--data-path") + 2] == "/data/preprocessed/train_chunk_0_text_document"
     assert argv[argv.index("--train-iters") + 1] == "4769"  # 2.5B tokens / (256 x 2048)
+
+
+@pytest.mark.parametrize("system", ["device-h100", "dgxh100-64x8"])
+def test_the_dry_run_shows_the_line_each_seed_runs(tmp_path, system):
+    """Seed N's dry-run message (megatron_plan.seed_plan) shows the line megatron_seed.plan_seed runs
+    for seed N: its seed number, warm-up, tokenizer, attention and Megatron-LM's local implementation.
+    On Slurm the message shows run.sub's srun in front of the per-rank arguments the seed writes."""
+    ws = _workspace(tmp_path / "ws")
+    path = ws / "config" / "benchmarks" / "gpt_126m.yaml"
+    path.write_text(path.read_text() + "seeds: [3, 8]\n")
+    settings = _settings(ws, system, train_iters=300, gbs=16, mbs=8, attention="sdpa")
+    bench = settings.benchmark("gpt_126m")
+    runs = {}
+    for seed in bench.seeds:
+        head, *_, shown = megatron_plan.seed_plan(ws, bench, system, settings.pretrain_overrides,
+                                                  seed=seed).describe.split(" | ")
+        runs[seed] = megatron_seed.plan_seed(settings, "gpt_126m", seed).env["MEGATRON_LINE"]
+        assert head.endswith(f"launch line of seed {seed}")
+        if system == "dgxh100-64x8":
+            argv = shlex.split(shown)
+            assert argv[0] == "srun" and argv[argv.index("python") + 2:] == shlex.split(runs[seed])
+        else:
+            assert shown == runs[seed]
+    # The seeds' lines differ by the seed number alone.
+    a, b = (shlex.split(runs[seed]) for seed in bench.seeds)
+    assert [(x, y) for x, y in zip(a, b, strict=True) if x != y] == [("3", "8")]
+    assert a[a.index("--seed") + 1] == "3"
+
+
+def test_a_seed_refuses_to_start_before_the_corpus_stages_have_run(tmp_path):
+    """The dry run shows UNPREPARED for the corpus it has not seen yet; the seed itself refuses."""
+    ws = make_workspace(tmp_path / "ws")
+    settings = _settings(ws, "device-h100")
+    shown = megatron_plan.seed_plan(ws, settings.benchmark("gpt_126m"), "device-h100").describe
+    assert "preprocessed/UNPREPARED" in shown and "--vocab-size UNPREPARED" in shown
+    with pytest.raises(mlrepro_config.ConfigError, match="data_prefix.json is missing: run the corpus stages"):
+        megatron_seed.plan_seed(settings, "gpt_126m", 1)
 
 
 def test_bad_batch_override_is_a_config_error(tmp_path):

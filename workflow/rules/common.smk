@@ -109,7 +109,7 @@ def seed_plan(wc, attribute):
     """
     if bench(wc.benchmark).is_pretrain:
         return getattr(megatron_plan.seed_plan(SETTINGS.root, bench(wc.benchmark), SYSTEM.name,
-                                              SETTINGS.pretrain_overrides), attribute)
+                                              SETTINGS.pretrain_overrides, seed=int(wc.seed)), attribute)
     if not mlrepro_systems.implementation_known(SETTINGS.root, bench(wc.benchmark)):
         return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
                 "local_mem_mb": 100, "walltime_minutes": 60}[attribute]

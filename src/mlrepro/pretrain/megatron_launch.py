@@ -35,7 +35,7 @@ class Run:
     merge_file: str = ""
     # Data already tokenized by the preprocess stage: Megatron needs only the vocabulary size and
     # the EOD id (the last id of a GPT-2 BPE), so NullTokenizer avoids its HuggingFace download.
-    pretokenized_vocab: int = 0
+    pretokenized_vocab: int | str = 0  # a dry run's UNPREPARED before the corpus stages trained the tokenizer
     lr: float = 6e-4
     min_lr: float = 6e-5
     warmup_iters: int = 0

@@ -27,6 +27,7 @@ from mlrepro.pretrain import megatron_launch
 
 NEMO_MAIN = "/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py"
 MEGATRON_IMAGE = "${CONT}"  # the image the implementation's Dockerfile builds (Megatron-LM at the pinned commit)
+UNPREPARED = "UNPREPARED"  # stands in a dry run's line for what the corpus stages have not written yet
 
 
 class Refused(ValueError):
@@ -138,9 +139,32 @@ def _walltime(hours: float) -> str:
     return f"{minutes // 1440}-{minutes % 1440 // 60:02d}:{minutes % 60:02d}:00"
 
 
-def megatron_run(p: Planned, data_prefix: list, vocab: str, merges: str) -> megatron_launch.Run:
-    return megatron_launch.Run(p.variant.model, p.layout, p.iterations, data_prefix=tuple(data_prefix),
-                               vocab_file=vocab, merge_file=merges, local_impl=False)
+def data_mount(corpus_dir: Path, scheduler: str) -> str:
+    """Where a seed's ranks see the corpus: /data in run.sub's container on Slurm (DATADIR is
+    mounted there), the corpus folder itself on one machine."""
+    return "/data" if scheduler == "slurm" else str(corpus_dir.resolve())
+
+
+def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention: str | None = None, *,
+             prepared: bool = True) -> megatron_launch.Run:
+    """Seed `seed`'s Megatron-LM run of the planned benchmark. The one builder: the seed runs it
+    (megatron_seed.plan_seed) and the dry run and the plan command show it (launch_line), so what
+    a plan shows is what the seed runs.
+
+    The data is the corpus stages' blend and tokenizer; it is already tokenized, so Megatron gets
+    only the vocabulary size (NullTokenizer). A dry run comes before the corpus stages: with
+    prepared=False, what they have not written yet shows as UNPREPARED; a seed (prepared=True)
+    refuses to start without it."""
+    missing = unprepared(corpus_dir)
+    if missing and prepared:
+        raise mlrepro_config.ConfigError(f"{missing[0]} is missing: run the corpus stages")
+    mount = data_mount(corpus_dir, scheduler)
+    prefix, _, _ = data_prefix_of(corpus_dir, mount)
+    vocab_file = corpus_dir / "tokenizer" / "vocab.json"
+    vocab = len(json.loads(vocab_file.read_text())) if vocab_file.is_file() else UNPREPARED
+    return megatron_launch.Run(p.variant.model, p.layout, p.iterations,
+                               data_prefix=tuple(prefix or unprepared_prefix(mount)), pretokenized_vocab=vocab,
+                               seed=seed, warmup_iters=max(1, p.iterations // 10), sdpa=attention == "sdpa")
 
 
 def ds_config(p: Planned) -> dict:
@@ -152,23 +176,29 @@ def ds_config(p: Planned) -> dict:
             "wall_clock_breakdown": False}
 
 
-def launch_line(p: Planned, scheduler: str, data_prefix: list, vocab: str, merges: str,
+def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
                 max_time_margin_min: int = 30) -> str:
-    """The exact command that starts the run."""
+    """The exact command that starts seed `seed` of the run, on the corpus in corpus_dir (UNPREPARED
+    standing for what the corpus stages have not written yet)."""
     v, lay, per_node = p.variant, p.layout, p.facts.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
+    if v.launcher == "megatron":
+        run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False)
+        if scheduler == "slurm":
+            return megatron_launch.srun_line(run, MEGATRON_IMAGE, "${DATADIR}:/data:ro,${LOGDIR}:/results:rw",
+                                             gpus_per_node=per_node)
+        return megatron_launch.torchrun_line(run)
+    prefix, vocab, merges = data_prefix_of(corpus_dir)
+    prefix = prefix or unprepared_prefix("/data")
     if v.launcher == "nemo":
-        return nemo_line(p, data_prefix, vocab, merges, max_time_margin_min)
-    run = megatron_run(p, data_prefix, vocab, merges)
-    if v.launcher == "megatron-deepspeed":
-        args = megatron_launch.pretrain_args(run)
-        return shlex.join(["deepspeed", f"--num_nodes={nodes}", f"--num_gpus={min(lay.gpus, per_node)}",
-                           "pretrain_gpt.py", *args, "--deepspeed", "--deepspeed_config", "ds_config.json",
-                           "--zero-stage", str(v.zero_stage)])
-    if scheduler == "slurm":
-        return megatron_launch.srun_line(run, MEGATRON_IMAGE, "${DATADIR}:/data:ro,${LOGDIR}:/results:rw",
-                                         gpus_per_node=per_node)
-    return megatron_launch.torchrun_line(run)
+        return nemo_line(p, prefix, vocab, merges, max_time_margin_min)
+    # Seed 002's Megatron-DeepSpeed command as it ran: that fork reads the GPT-2 BPE files and has none
+    # of the pinned Megatron-LM's local-implementation or attention-spec flags that seed_run adds.
+    run = megatron_launch.Run(v.model, lay, p.iterations, data_prefix=tuple(prefix), vocab_file=vocab,
+                              merge_file=merges, local_impl=False)
+    return shlex.join(["deepspeed", f"--num_nodes={nodes}", f"--num_gpus={min(lay.gpus, per_node)}",
+                       "pretrain_gpt.py", *megatron_launch.pretrain_args(run), "--deepspeed", "--deepspeed_config",
+                       "ds_config.json", "--zero-stage", str(v.zero_stage)])
 
 
 def nemo_line(p: Planned, data_prefix: list, vocab: str, merges: str, margin_min: int = 30) -> str:
@@ -204,26 +234,39 @@ def data_prefix_of(corpus_dir: Path, mount: str = "/data") -> tuple[list | None,
     return prefix, f"{mount}/tokenizer/vocab.json", f"{mount}/tokenizer/merges.txt"
 
 
-def describe(p: Planned, scheduler: str, prefix: list, vocab: str, merges: str) -> list[str]:
-    """The plan's lines: shape, layout, memory, wall time, then the exact launch line(s)."""
+def unprepared(corpus_dir: Path) -> list[Path]:
+    """What a seed reads of the corpus that the corpus stages have not written yet: the blend, the tokenizer."""
+    return [f for f in (corpus_dir / "data_prefix.json", corpus_dir / "tokenizer" / "vocab.json") if not f.is_file()]
+
+
+def unprepared_prefix(mount: str) -> list:
+    """A blend that stands for the one the corpus stages will write, in a dry run's launch line."""
+    return [1.0, f"{mount}/preprocessed/{UNPREPARED}"]
+
+
+def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None) -> list[str]:
+    """The plan's lines: shape, layout, memory, wall time, then the exact launch line(s) of seed `seed`."""
     v, lay, facts = p.variant, p.layout, p.facts
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
+    # Megatron-LM's line carries the seed number (--seed): say whose line it is.
+    whose = f"; launch line of seed {seed}" if v.launcher == "megatron" else ""
     out = [f"{v.name} on {facts.name}: {nodes} node(s) x {per_node} GPUs ({lay.gpus} x {facts.gpu}); "
            f"layout TP{lay.tp} PP{lay.pp} DP{lay.dp} MBS{lay.mbs} GA{lay.ga} (GBS {lay.gbs}); "
            f"{p.memory_gb:.1f} GB/GPU predicted; {p.iterations:,} iterations x {p.step_s:.3f} s = "
-           f"wall time {_walltime(p.hours)}"]
+           f"wall time {_walltime(p.hours)}{whose}"]
     if v.launcher == "megatron-deepspeed":
         out.append(f"  ds_config.json ({v.name}.yaml): {json.dumps(ds_config(p), sort_keys=True)}")
     elif v.launcher == "megatron" and scheduler == "slurm":
         out.append(f"  sbatch -N {nodes} --ntasks-per-node={per_node} --gpus-per-node={per_node} "
                    f"-t {math.ceil(p.hours * 60) + 10} implementations/megatron_gpt/run.sub")
-    out.append("  " + launch_line(p, scheduler, prefix, vocab, merges))
+    out.append("  " + launch_line(p, scheduler, corpus_dir, seed, attention))
     return out
 
 
 def render(root: Path, benchmark: str, system: str, variant: str | None = None,
-           corpus_dir: Path | None = None) -> tuple[str, list[str]]:
-    """The plans of a benchmark's layouts on a system, and the refusals (each naming why)."""
+           corpus_dir: Path | None = None, seed: int | None = None) -> tuple[str, list[str]]:
+    """The plans of a benchmark's layouts on a system, with the launch lines of `seed` (the
+    benchmark's first seed by default), and the refusals (each naming why)."""
     sysconf = mlrepro_config.load_system(root, system)
     facts = hardware.from_system(sysconf)
     bench = mlrepro_config.load_benchmark(root, benchmark)
@@ -231,15 +274,13 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     if variant and variant not in table:
         raise Refused(f"{benchmark} has no layout {variant!r}; it has {', '.join(table)}")
     corpus_dir = corpus_dir or benchmark_corpus_dir(root, bench)
-    prefix, vocab, merges = data_prefix_of(corpus_dir)
     out, refused = [], []
-    if prefix is None:
-        out.append(f"(no {corpus_dir / 'data_prefix.json'} yet: the corpus stages write the blend; "
-                   "UNPREPARED stands for it below)")
-        prefix = [1.0, "/data/preprocessed/UNPREPARED"]
+    if missing := unprepared(corpus_dir):
+        out.append(f"(no {' or '.join(map(str, missing))} yet: the corpus stages write them; "
+                   f"{UNPREPARED} stands for them below)")
     for v in ([table[variant]] if variant else table.values()):
         try:
-            out += describe(plan(v, facts), sysconf.scheduler, prefix, vocab, merges)
+            out += describe(plan(v, facts), sysconf.scheduler, corpus_dir, bench.seeds[0] if seed is None else seed)
         except Refused as exc:
             refused.append(str(exc))
     return "\n".join(out), refused
@@ -268,14 +309,15 @@ def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Plann
 
 
 def seed_plan(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,
-              corpus_dir: Path | None = None) -> SeedPlan:
-    """The dry run's one-line plan of a seed: the first layout that fits the system (see first_fit),
-    shaped by the workflow's `pretrain:` overrides as the seed will run it (megatron_seed.plan_seed)."""
+              corpus_dir: Path | None = None, seed: int | None = None) -> SeedPlan:
+    """The dry run's one-line plan of seed `seed` (the benchmark's first by default): the first layout
+    that fits the system (see first_fit), shaped by the workflow's `pretrain:` overrides, and the
+    launch line seed_run builds for it, as megatron_seed.plan_seed will run them."""
     overrides = overrides or {}
     p = shaped(first_fit(root, bench, system), overrides)
     scheduler = mlrepro_config.load_system(root, system).scheduler
-    prefix, vocab, merges = data_prefix_of(corpus_dir or benchmark_corpus_dir(root, bench))
-    lines = describe(p, scheduler, prefix or [1.0, "/data/preprocessed/UNPREPARED"], vocab, merges)
+    lines = describe(p, scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
+                     bench.seeds[0] if seed is None else seed, overrides.get("attention"))
     return SeedPlan(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 
 
@@ -286,10 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", help="one of the benchmark's layouts (default: all)")
     parser.add_argument("--corpus-dir", type=Path,
                         help="resources/corpora/<name> whose blend and tokenizer feed the run (default: mini_corpus)")
+    parser.add_argument("--seed", type=int, help="whose Megatron-LM launch line to show (default: the benchmark's first seed)")
     parser.add_argument("--root", type=Path, default=Path.cwd())
     args = parser.parse_args(argv)
     try:
-        text, refused = render(args.root, args.benchmark, args.system, args.variant, args.corpus_dir)
+        text, refused = render(args.root, args.benchmark, args.system, args.variant, args.corpus_dir, args.seed)
     except (Refused, hardware.HardwareUnknown, mlrepro_config.ConfigError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,6 @@ for a machine without network; otherwise the benchmark's pinned commit is fetche
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shlex
 import shutil
@@ -35,20 +34,6 @@ LAUNCH_FILE = "launch.sh"  # the local launch line (torchrun ...), in the seed f
 ARGS_FILE = "megatron_args.txt"  # the per-rank pretrain_gpt.py arguments (run.sub), in the seed folder
 
 
-def vocab_size(corpus_dir: Path) -> int:
-    """The tokenizer's vocabulary size; the data is already tokenized, so Megatron needs only this."""
-    return len(json.loads((corpus_dir / "tokenizer" / "vocab.json").read_text()))
-
-
-def megatron_run(p: megatron_plan.Planned, corpus_dir: Path, mount: str, seed: int, attention: str) -> megatron_launch.Run:
-    prefix, _, _ = megatron_plan.data_prefix_of(corpus_dir, mount)
-    if prefix is None:
-        raise mlrepro_config.ConfigError(f"{corpus_dir / 'data_prefix.json'} is missing: run the corpus stages")
-    return megatron_launch.Run(p.variant.model, p.layout, p.iterations, data_prefix=tuple(prefix),
-                               pretokenized_vocab=vocab_size(corpus_dir), seed=seed,
-                               warmup_iters=max(1, p.iterations // 10), sdpa=attention == "sdpa")
-
-
 def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> launch.SeedPlan:
     """The seed's launch.SeedPlan: run_and_time.sh of the benchmark's implementation with the planner's launch."""
     bench, system, root = settings.benchmark(benchmark), settings.system, settings.root
@@ -61,8 +46,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
     lay, per_node = p.layout, system.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
     slurm = system.scheduler == "slurm"
-    run = megatron_run(p, corpus_dir, "/data" if slurm else str(corpus_dir.resolve()), seed,
-                       overrides.get("attention", "local"))
+    run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"))
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(megatron_dir(root, benchmark))}
     if slurm:
