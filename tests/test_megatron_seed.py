@@ -109,6 +109,18 @@ def test_a_seed_refuses_to_start_before_the_corpus_stages_have_run(tmp_path):
         megatron_seed.plan_seed(settings, "gpt_126m", 1)
 
 
+@pytest.mark.parametrize("benchmark, system", [("gpt_8b_nemo", "dgxh100-64x8"), ("gpt_126m_deepspeed", "dgxb200")])
+def test_a_seed_of_another_launcher_refuses_what_its_plan_only_shows(tmp_path, benchmark, system):
+    """Seed 001's NeMo and seed 002's Megatron-DeepSpeed commands are rendered for review; their seeds
+    would otherwise train Megatron-LM under a plan that showed something else."""
+    ws = _workspace(tmp_path / "ws")
+    settings = mlrepro_config.load({"benchmarks": [benchmark], "system": system}, ws)
+    head = megatron_plan.seed_plan(ws, settings.benchmark(benchmark), system).describe.split(" | ")[0]
+    assert "own command, for review: mlrepro trains seeds with Megatron-LM only" in head
+    with pytest.raises(mlrepro_config.ConfigError, match=rf"{benchmark}: layout .* own command .*launcher: megatron"):
+        megatron_seed.plan_seed(settings, benchmark, 1)
+
+
 def test_bad_batch_override_is_a_config_error(tmp_path):
     ws = _workspace(tmp_path / "ws")
     with pytest.raises(mlrepro_config.ConfigError, match="gbs 12 is not a multiple of mbs 8"):

@@ -54,7 +54,7 @@ def test_megatron_plan_in_the_dry_run(ws):
 def test_seed_001_nemo_command_in_the_dry_run(ws):
     _, out, seeds = _plan(ws, "gpt_8b_nemo", "dgxh100-64x8")
     head, cmd = seeds[0].split(" | ")
-    assert "8 node(s) x 8 GPUs" in head
+    assert "8 node(s) x 8 GPUs" in head and "nemo's own command, for review" in head
     assert cmd.startswith("python3 /opt/NeMo-Megatron-Launcher/launcher_scripts/main.py stages=[training] "
                           "training=gpt3/7b_improved ")
     assert "training.model.data.data_prefix=[1.0,'/data/preprocessed/train_chunk_0_text_document']" in cmd
@@ -64,7 +64,7 @@ def test_seed_001_nemo_command_in_the_dry_run(ws):
 def test_seed_002_deepspeed_command_in_the_dry_run(ws):
     _, out, seeds = _plan(ws, "gpt_126m_deepspeed", "dgxb200")
     head, ds, cmd = seeds[0].split(" | ")
-    assert head.startswith("gpt-125m on dgxb200: 1 node(s) x 1 GPUs")
+    assert head.startswith("gpt-125m on dgxb200: 1 node(s) x 1 GPUs") and "own command, for review" in head
     assert ds.startswith("ds_config.json (gpt-125m.yaml): ") and '"train_batch_size": 256' in ds
     assert cmd.startswith("deepspeed --num_nodes=1 --num_gpus=1 pretrain_gpt.py ")
     assert cmd.endswith("--deepspeed --deepspeed_config ds_config.json --zero-stage 1")

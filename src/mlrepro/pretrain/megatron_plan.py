@@ -27,6 +27,7 @@ from mlrepro.pretrain import megatron_launch
 
 NEMO_MAIN = "/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py"
 MEGATRON_IMAGE = "${CONT}"  # the image the implementation's Dockerfile builds (Megatron-LM at the pinned commit)
+NOT_LAUNCHED = "mlrepro trains seeds with Megatron-LM only (launcher: megatron)"
 UNPREPARED = "UNPREPARED"  # stands in a dry run's line for what the corpus stages have not written yet
 
 
@@ -248,8 +249,10 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
     """The plan's lines: shape, layout, memory, wall time, then the exact launch line(s) of seed `seed`."""
     v, lay, facts = p.variant, p.layout, p.facts
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
-    # Megatron-LM's line carries the seed number (--seed): say whose line it is.
-    whose = f"; launch line of seed {seed}" if v.launcher == "megatron" else ""
+    # Megatron-LM's line carries the seed number (--seed): say whose line it is. The other launchers'
+    # commands are the seed documents' own, rendered for review: the workflow does not start them.
+    whose = (f"; launch line of seed {seed}" if v.launcher == "megatron"
+             else f"; {v.launcher}'s own command, for review: {NOT_LAUNCHED}")
     out = [f"{v.name} on {facts.name}: {nodes} node(s) x {per_node} GPUs ({lay.gpus} x {facts.gpu}); "
            f"layout TP{lay.tp} PP{lay.pp} DP{lay.dp} MBS{lay.mbs} GA{lay.ga} (GBS {lay.gbs}); "
            f"{p.memory_gb:.1f} GB/GPU predicted; {p.iterations:,} iterations x {p.step_s:.3f} s = "

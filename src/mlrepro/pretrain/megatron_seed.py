@@ -41,6 +41,11 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
         raise mlrepro_config.ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
     overrides = settings.pretrain_overrides
     p = megatron_plan.shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
+    if p.variant.launcher != "megatron":  # never train something other than what the plan showed
+        raise mlrepro_config.ConfigError(
+            f"{benchmark}: layout {p.variant.name} is {p.variant.launcher}'s own command (`snakemake -n` and "
+            f"`mlrepro plan` show it); {megatron_plan.NOT_LAUNCHED}: run it in its own container, or train "
+            f"the model with `launcher: megatron`")
     corpus_dir = megatron_plan.benchmark_corpus_dir(root, bench)
     seed_dir = layout.seed_dir(root, benchmark, seed)
     lay, per_node = p.layout, system.gpus_per_node
