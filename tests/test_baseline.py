@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 from mlrepro.baseline import flops, probe, report
 from mlrepro.baseline.model import GPT
 from mlrepro.plan import models
+from workspace import make_workspace
 
 H100 = Path(__file__).parent / "fixtures" / "preflight" / "h100"
 # Issue 12's second round: the variant sweeps on one H200 and one H100 (README.md there).
@@ -149,3 +152,16 @@ def test_settings_option_is_validated_naming_file_and_key(tmp_path, capsys):
     assert run.run(args) == 2
     out = capsys.readouterr().out
     assert "sweep.yaml" in out and "residual" in out and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer: no probe run")
+def test_baseline_command_on_a_cpu_node_writes_not_applicable_and_names_the_megatron_target(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    proc = subprocess.run([sys.executable, "-m", "mlrepro", "baseline", "--system", "cpu-node", "--root", str(ws)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((ws / "results/baseline/cpu-node/baseline.json").read_text())
+    assert doc["runs"] == [] and doc["why"].startswith("not applicable")
+    assert (ws / "results/baseline/cpu-node/baseline_report.md").is_file()
+    assert ("snakemake --profile local results/baseline/cpu-node/baseline.json --config system=cpu-node"
+            in proc.stdout)

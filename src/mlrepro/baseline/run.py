@@ -76,4 +76,7 @@ def run(args) -> int:
     out = Path(args.out) if args.out else layout.baseline_dir(root, args.system)
     doc = baseline(args.system, settings, out)
     print(f"written: {out / 'baseline.json'} ({len(doc['runs'])} runs)")
+    # Megatron-LM needs its pinned source and the implementation's launch, which the workflow provides.
+    print("the probe only; with Megatron-LM's rows (workload (a)) next to it: snakemake --profile local "
+          f"{layout.baseline_json(root, args.system).relative_to(root)} --config system={args.system}")
     return 0
