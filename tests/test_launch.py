@@ -321,6 +321,34 @@ def _rank_running(marker: str) -> bool:
     return any("fake-rank" in p.command for p in proctree.find(marker))
 
 
+def test_an_earlier_attempts_watchdog_leaves_the_next_attempt_alone(tmp_path):
+    """A workflow SIGKILLed and rerun at once: the killed attempt's watchdog can still be at work when
+    the rerun's attempt starts (CI: the rerun's attempt 2 died, 'launcher failed'). It stops only its
+    own attempt's processes; the seed's marker still finds every attempt's."""
+    from mlrepro.util import proctree
+
+    seed = proctree.seed_marker(tmp_path / "seed_1")
+    first, second = proctree.attempt_marker(seed, 1), proctree.attempt_marker(seed, 2)
+    owner = subprocess.Popen(["sleep", "60"])
+    old, new = (subprocess.Popen(["sleep", "60"], env={**os.environ, proctree.MARKER: m}, start_new_session=True)
+                for m in (first, second))
+    try:
+        assert {p.pid for p in proctree.find(seed)} == {old.pid, new.pid}
+        assert [p.pid for p in proctree.find(second)] == [new.pid]
+        assert proctree.find(proctree.attempt_marker(seed, 20)) == []  # attempt 2 is not attempt 20's prefix
+        watchdog = proctree.start_watchdog(first, owner=owner.pid)
+        owner.kill()
+        owner.wait()
+        assert watchdog.wait(timeout=30) == 0
+        assert old.wait(timeout=10) == -signal.SIGKILL
+        assert new.poll() is None
+    finally:
+        for proc in (owner, old, new):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGKILL", "SIGINT"])
 def test_killed_or_interrupted_workflow_leaves_no_rank_and_the_rerun_one_run(tree, signum):

@@ -166,7 +166,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     from mlrepro.util import proctree
 
     seed_dir = plan.seed_dir
-    marker = proctree.seed_marker(seed_dir)
+    marker = proctree.seed_marker(seed_dir)  # every attempt's processes (stopped before a new attempt)
     try:
         seed_dir.mkdir(parents=True, exist_ok=True)
         _private(seed_dir, *seed_dir.glob("attempt_*"), *seed_dir.glob(".submitit"))
@@ -174,6 +174,9 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         _io_failure(plan, exc)
     _stop_earlier_attempts(seed_dir, marker)
     attempt = _next_attempt(seed_dir)
+    # What this attempt starts, stops and guards: an earlier attempt's watchdog (its workflow
+    # SIGKILLed a moment ago) may still be at work, and must not take this attempt for its own.
+    ours = proctree.attempt_marker(marker, attempt)
     logdir = seed_dir / f"attempt_{attempt}"
     attempt_log = logdir / "run.log"
     reserve = seed_dir / RESERVE_NAME
@@ -188,11 +191,11 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
         executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
                                    signal_delay_s=5)
-        env = _run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"), **{proctree.MARKER: marker},
+        env = _run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"), **{proctree.MARKER: ours},
                        **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu" else {}))
-        watchdog = proctree.start_watchdog(marker)
+        watchdog = proctree.start_watchdog(ours)
         # submitit's controller and job inherit os.environ: with the marker they are the seed's too.
-        with _environ(**{proctree.MARKER: marker}):
+        with _environ(**{proctree.MARKER: ours}):
             job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(attempt_log),
                                   str(logdir / "run.pid"))
         _record_job(plan, int(job.job_id), attempt, logdir)
@@ -200,7 +203,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         def cancel(signum, _frame):
             job.cancel()
             with contextlib.suppress(proctree.Survivors):
-                proctree.kill(marker)
+                proctree.kill(ours)
             raise SystemExit(128 + signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -218,7 +221,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         _io_failure(plan, exc)
     finally:
         with contextlib.suppress(proctree.Survivors):
-            proctree.kill(marker)
+            proctree.kill(ours)
         if watchdog is not None:
             watchdog.terminate()
             watchdog.wait()

@@ -8,6 +8,10 @@ carry it in /proc/<pid>/environ are the seed's, wherever they were re-parented t
 
 A watchdog (`python -m mlrepro.util.proctree watch ...`, in a session of its own) stops them
 all when the process that owns the seed dies without doing so (SIGKILL of the workflow).
+
+Each attempt carries its own value, <seed>.<attempt>: the seed's marker finds every attempt's
+processes (what a new attempt stops first), an attempt's finds only its own. A watchdog holds
+its attempt's, so one still at work after its workflow was killed never touches the rerun's.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ def seed_marker(seed_dir: str | os.PathLike) -> str:
     return hashlib.sha1(str(Path(seed_dir).resolve()).encode()).hexdigest()[:16]
 
 
+def attempt_marker(seed: str, attempt: int) -> str:
+    """The marker of one attempt of the seed whose marker is `seed`."""
+    return f"{seed}.{attempt}"
+
+
 def start_time(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -66,8 +75,10 @@ def _ancestors() -> set[int]:
 
 
 def find(marker: str) -> list[Proc]:
-    """The live processes whose environment carries MARKER=marker (this process and its ancestors excepted)."""
+    """The live processes whose environment carries MARKER=marker, or one of its attempts' markers
+    (this process and its ancestors excepted)."""
     needle = f"{MARKER}={marker}".encode()
+    attempts = needle + b"."
     mine = _ancestors()
     found = []
     for entry in os.scandir("/proc"):
@@ -77,7 +88,7 @@ def find(marker: str) -> list[Proc]:
             env = Path(entry.path, "environ").read_bytes()
         except OSError:
             continue  # gone, or another user's
-        if needle not in env.split(b"\0"):
+        if needle not in env or not any(v == needle or v.startswith(attempts) for v in env.split(b"\0")):
             continue
         started = start_time(int(entry.name))
         if started is None:
