@@ -29,6 +29,8 @@ NEMO_MAIN = "/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py"
 MEGATRON_IMAGE = "${CONT}"  # the image the implementation's Dockerfile builds (Megatron-LM at the pinned commit)
 NOT_LAUNCHED = "mlrepro trains seeds with Megatron-LM only (launcher: megatron)"
 UNPREPARED = "UNPREPARED"  # stands in a dry run's line for what the corpus stages have not written yet
+# What a run reads of a corpus folder (the corpus stages write them): the blend and the tokenizer's files.
+BLEND, VOCAB, MERGES = "data_prefix.json", "tokenizer/vocab.json", "tokenizer/merges.txt"
 
 
 class Refused(ValueError):
@@ -161,8 +163,7 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
         raise mlrepro_config.ConfigError(f"{missing[0]} is missing: run the corpus stages")
     mount = data_mount(corpus_dir, scheduler)
     prefix, _, _ = data_prefix_of(corpus_dir, mount)
-    vocab_file = corpus_dir / "tokenizer" / "vocab.json"
-    vocab = len(json.loads(vocab_file.read_text())) if vocab_file.is_file() else UNPREPARED
+    vocab = UNPREPARED if corpus_dir / VOCAB in missing else len(json.loads((corpus_dir / VOCAB).read_text()))
     return megatron_launch.Run(p.variant.model, p.layout, p.iterations,
                                data_prefix=tuple(prefix or unprepared_prefix(mount)), pretokenized_vocab=vocab,
                                seed=seed, warmup_iters=max(1, p.iterations // 10), sdpa=attention == "sdpa")
@@ -226,18 +227,18 @@ def nemo_line(p: Planned, data_prefix: list, vocab: str, merges: str, margin_min
 def data_prefix_of(corpus_dir: Path, mount: str = "/data") -> tuple[list | None, str, str]:
     """The blend and tokenizer the corpus stages wrote under corpus_dir, as the container sees them
     under `mount`; the blend is None while the corpus stages have not written data_prefix.json."""
-    blend = corpus_dir / "data_prefix.json"
+    blend = corpus_dir / BLEND
     prefix = None
     if blend.is_file():
         record = json.loads(blend.read_text())
         prefix = [x if i % 2 == 0 else f"{mount}/preprocessed/{Path(x).name}"
                   for i, x in enumerate(record["data_prefix"])]
-    return prefix, f"{mount}/tokenizer/vocab.json", f"{mount}/tokenizer/merges.txt"
+    return prefix, f"{mount}/{VOCAB}", f"{mount}/{MERGES}"
 
 
 def unprepared(corpus_dir: Path) -> list[Path]:
     """What a seed reads of the corpus that the corpus stages have not written yet: the blend, the tokenizer."""
-    return [f for f in (corpus_dir / "data_prefix.json", corpus_dir / "tokenizer" / "vocab.json") if not f.is_file()]
+    return [f for f in (corpus_dir / BLEND, corpus_dir / VOCAB) if not f.is_file()]
 
 
 def unprepared_prefix(mount: str) -> list:
