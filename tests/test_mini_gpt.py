@@ -42,6 +42,14 @@ def variant(ws: Path, name: str, job_seconds: float, margin: float, system_line:
         system.write_text(system.read_text().replace("implementation_configs:", f"implementation_configs:\n  {system_line}"))
 
 
+def job_seconds(ws: Path, share: float, margin: float) -> float:
+    """A job limit whose training time is `share` of the uninterrupted seed 1's: segment counts then
+    hold on a machine of any speed (a fixed limit gave CI's faster machine two segments where three
+    were asserted)."""
+    trained = json.loads((ws / "results/mini_gpt/seed_1/run.json").read_text())["minutes"] * 60
+    return round(max(2.0, share * trained) + margin, 1)
+
+
 def corpus_workspace(tmp: Path, target: str) -> tuple[Path, subprocess.CompletedProcess, float]:
     """A workspace with the miniature corpus served on localhost, and `target` made in it."""
     ws = make_workspace(tmp / "ws")
@@ -89,7 +97,8 @@ def test_end_to_end_locally_from_the_corpus_stages(scored):
 
 def test_a_seed_longer_than_its_job_limit_runs_as_chained_jobs_to_the_same_loss(scored):
     ws = scored["ws"]
-    variant(ws, "mini_gpt_chain", job_seconds=10, margin=2)
+    # A quarter of the seed's training a segment: about four segments, three even if this run is a third faster.
+    variant(ws, "mini_gpt_chain", job_seconds=job_seconds(ws, 0.25, margin=2), margin=2)
     started = time.monotonic()
     run_snakemake(ws, *LOCAL, "--", "results/mini_gpt_chain/seed_1/run.json", timeout=600)
     seed = ws / "results/mini_gpt_chain/seed_1"
@@ -112,7 +121,9 @@ def test_a_seed_longer_than_its_job_limit_runs_as_chained_jobs_to_the_same_loss(
 
 def test_kills_mid_segment_and_between_segments_lose_at_most_one_checkpoint_interval(scored):
     ws = scored["ws"]
-    variant(ws, "mini_gpt_kill", job_seconds=12, margin=2)
+    # Half the seed's training a segment: the first passes step 30 (the kill), the second, resumed from
+    # step 20 or 40, stops short of convergence, so the workflow is killed between segments.
+    variant(ws, "mini_gpt_kill", job_seconds=job_seconds(ws, 0.5, margin=2), margin=2)
     seed = ws / "results/mini_gpt_kill/seed_1"
     target = "results/mini_gpt_kill/seed_1/mllog.txt"
     first = subprocess.Popen(snakemake_cmd(*LOCAL, "--", target), cwd=ws, stdout=subprocess.PIPE,
@@ -152,9 +163,11 @@ def corpus_only(tmp_path_factory):
 
 
 @pytest.mark.slurm
-def test_a_chained_seed_on_the_local_slurm_cluster_survives_scancel(corpus_only, slurm_cluster):
+def test_a_chained_seed_on_the_local_slurm_cluster_survives_scancel(corpus_only, scored, slurm_cluster):
     ws = corpus_only
-    variant(ws, "mini_gpt_slurm", job_seconds=14, margin=4, system_line="mini_gpt_slurm: config_CPU_2x1x16xtp1pp1cp1.sh")
+    # Half the seed's training a job, as in the kill test: after the scancel at step 30 or 50 two more
+    # segments are needed.
+    variant(ws, "mini_gpt_slurm", job_seconds=job_seconds(scored["ws"], 0.5, margin=4), margin=4, system_line="mini_gpt_slurm: config_CPU_2x1x16xtp1pp1cp1.sh")
     seed = ws / "results/mini_gpt_slurm/seed_1"
     started = time.monotonic()
     proc = subprocess.Popen(snakemake_cmd("--profile", "profiles/slurm", "--config", "system=local-slurm",
