@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro import config, stages
 from mlrepro.launch import plan as launch
 
@@ -111,7 +111,7 @@ def test_slurm_plan_shows_the_sbatch_line(tree):
 
 
 def test_a_user_path_recorded_by_a_stage_is_where_runs_read(tree):
-    folder = layout.stage_folder(tree, "tiny", "checkpoint")
+    folder = paths.stage_folder(tree, "tiny", "checkpoint")
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"location": "/members/only/ckpt"}))
     assert launch.plan_seed(settings(tree), "tiny", 1).env["MODEL"] == "/members/only/ckpt/weights"

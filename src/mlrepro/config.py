@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from mlrepro import layout
+from mlrepro import paths
 
 # The schemas belong to the workflow: a checkout validates its config with its own.
 SCHEMA_SUBDIR = Path("workflow") / "schemas"
@@ -293,7 +293,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         git = None
     else:
         git = impl["git"]
-        impl_dir = layout.implementation_dir(root, name) / git["folder"]
+        impl_dir = paths.implementation_dir(root, name) / git["folder"]
     _check_run_env(data["run_env"], rel)
     seeds = tuple(data.get("seeds") or range(1, data["required_runs"] + 1))
     if len(seeds) < data["required_runs"]:

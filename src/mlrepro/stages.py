@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.launch import plan as launch
 from mlrepro.util import secrets
 from mlrepro.util.fsutil import atomic_write_json, private_umask
@@ -30,7 +30,7 @@ def implementation(settings: mlrepro_config.Settings, benchmark: str, out: Path)
 
     bench = settings.benchmark(benchmark)
     git = bench.implementation_git
-    dest = layout.implementation_dir(settings.root, benchmark)
+    dest = paths.implementation_dir(settings.root, benchmark)
     folder = fetch_implementation(git["url"], git["commit"], git["folder"], dest)
     atomic_write_json(out, {**git, "path": str(folder), "configs": [str(p) for p in list_configs(folder)]})
 
@@ -51,7 +51,7 @@ def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> N
             "dockerfile": str(folder / "Dockerfile"),
             "tag": f"mlrepro/{benchmark}:{folder.name.lower()}",
             # pyxis/enroot clusters run a squashfs image (or pull a pushed one); podman runs the image itself.
-            "sqsh": (str(layout.image_sqsh(settings.root, benchmark))
+            "sqsh": (str(paths.image_sqsh(settings.root, benchmark))
                      if runtime == "enroot" and not settings.system.container_registry else None),
             "push": settings.system.container_registry,
         },
@@ -168,7 +168,7 @@ def reference(settings, benchmark: str, out: Path) -> None:
         ref = references.fetch_published(
             bench.implementation_git, config.path.parent.name, config.nodes, config.gpus_per_node,
             settings.system.submission.get("accelerator_model_name"), rules,
-            layout.published_dir(settings.root, benchmark))
+            paths.published_dir(settings.root, benchmark))
     else:
         ref = references.no_reference(benchmark)
     atomic_write_json(out, ref)
@@ -176,7 +176,7 @@ def reference(settings, benchmark: str, out: Path) -> None:
 
 def preflight_file(settings, benchmark: str) -> Path | None:
     """The system's preflight record, when one was made."""
-    for path in layout.preflight_files(settings.root, settings.system.name, benchmark):
+    for path in paths.preflight_files(settings.root, settings.system.name, benchmark):
         if path.is_file():
             return path
     return None

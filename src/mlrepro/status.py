@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.slurm import client as slurm
 
 
@@ -183,9 +183,9 @@ def _with_slurm_state(status: SeedStatus, job_info: Callable[[str], slurm.JobInf
 def benchmark_status(benchmark_dir: Path, seeds: Iterable[int] | None = None,
                      job_info: Callable[[str], slurm.JobInfo] | None = None) -> list[SeedStatus]:
     """Every seed's status: the seed folders found plus any expected `seeds` without one."""
-    found = layout.seed_dirs(benchmark_dir)
+    found = paths.seed_dirs(benchmark_dir)
     wanted = sorted(set(found) | set(seeds or ()))
-    return [seed_status(s, found.get(s, layout.seed_dir(benchmark_dir.parent.parent, benchmark_dir.name, s)), job_info) for s in wanted]
+    return [seed_status(s, found.get(s, paths.seed_dir(benchmark_dir.parent.parent, benchmark_dir.name, s)), job_info) for s in wanted]
 
 
 def configured_seeds(benchmark_dir: Path) -> list[int] | None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.config import Benchmark, ConfigError, Settings, System
 
 
 def implementation_known(root: Path, bench: Benchmark) -> bool:
     """A local implementation folder is always known; a git one once it is fetched."""
-    return bench.implementation_git is None or layout.implementation_record(root, bench.name).exists()
+    return bench.implementation_git is None or paths.implementation_record(root, bench.name).exists()
 
 
 def gpus(system: System) -> int:

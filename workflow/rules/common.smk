@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.launch import plan as launch
 from mlrepro import systems as mlrepro_systems
 from mlrepro.util.fsutil import private_umask
@@ -73,13 +73,13 @@ def slurm_resources():
 
 
 def seed_file(name):
-    """A file of one seed's folder, as a pattern with {benchmark} and {seed} (see mlrepro.layout)."""
-    return layout.seed_file_pattern(name)
+    """A file of one seed's folder, as a pattern with {benchmark} and {seed} (see mlrepro.paths)."""
+    return paths.seed_file_pattern(name)
 
 
 def seed_files(name):
     """Input helper: one file per configured seed of the benchmark, e.g. seed_files("mllog.txt")."""
-    return lambda wc: layout.seed_files(wc.benchmark, bench(wc.benchmark).seeds, name)
+    return lambda wc: paths.seed_files(wc.benchmark, bench(wc.benchmark).seeds, name)
 
 
 def seed_results(wc):
@@ -150,11 +150,11 @@ def seed_data(wc):
     from scratch has no checkpoint), and the blend of its pretraining corpus (corpus.smk)."""
     b = bench(wc.benchmark)
     files = {stage: f"resources/{wc.benchmark}/{folder}/manifest.json"
-             for stage, folder in layout.STAGE_FOLDERS.items() if getattr(b, stage)}
+             for stage, folder in paths.STAGE_FOLDERS.items() if getattr(b, stage)}
     if b.is_pretrain:
         files["corpus"] = str(megatron_plan.benchmark_corpus_dir(Path("."), b) / "data_prefix.json")
     elif b.corpus:
-        files["corpus"] = str(layout.corpus_dir(Path("."), b.corpus) / "data_prefix.json")
+        files["corpus"] = str(paths.corpus_dir(Path("."), b.corpus) / "data_prefix.json")
     return {name: ancient(f) for name, f in files.items()}
 
 
@@ -188,11 +188,11 @@ def megatron_baseline_rows(wc):
     (there baseline.json says 'not applicable' without starting Megatron-LM)."""
     if SYSTEM.device != "cuda":
         return []
-    return layout.megatron_baseline_files(wc.system, MEGATRON_BASELINE["precisions"])
+    return paths.megatron_baseline_files(wc.system, MEGATRON_BASELINE["precisions"])
 
 
 def previous_megatron_run(wc):
     """One Megatron run on the node at a time: each precision waits for the one before it."""
     precisions = MEGATRON_BASELINE["precisions"]
     i = precisions.index(wc.precision)
-    return layout.megatron_baseline_files(wc.system, precisions[i - 1:i]) if i else []
+    return paths.megatron_baseline_files(wc.system, precisions[i - 1:i]) if i else []

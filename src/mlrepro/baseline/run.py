@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger("mlrepro.baseline")
@@ -73,10 +73,10 @@ def run(args) -> int:
     except config.ConfigError as exc:
         print(f"error: {exc}")
         return 2
-    out = Path(args.out) if args.out else layout.baseline_dir(root, args.system)
+    out = Path(args.out) if args.out else paths.baseline_dir(root, args.system)
     doc = baseline(args.system, settings, out)
     print(f"written: {out / 'baseline.json'} ({len(doc['runs'])} runs)")
     # Megatron-LM needs its pinned source and the implementation's launch, which the workflow provides.
     print("the probe only; with Megatron-LM's rows (workload (a)) next to it: snakemake --profile local "
-          f"{layout.baseline_json(root, args.system).relative_to(root)} --config system={args.system}")
+          f"{paths.baseline_json(root, args.system).relative_to(root)} --config system={args.system}")
     return 0

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mlrepro.util.fsutil import atomic_write_json, sha256_file
-from mlrepro.layout import read_json_if_exists
+from mlrepro.paths import read_json_if_exists
 from mlrepro.util.proc import run
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.corpus import array, blend, concat, extract, preprocess, shards
 from mlrepro.data import checks, http
 from mlrepro.util.fsutil import atomic_write_json
@@ -37,7 +37,7 @@ TOKENIZER_FILES = ("vocab_file", "merge_file", "tokenizer_model")
 
 
 def folder(root: Path, name: str) -> Path:
-    return layout.corpus_dir(root, name)
+    return paths.corpus_dir(root, name)
 
 
 def shard_list(corpus: dict, root: Path) -> list[shards.Shard]:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.data import checks, hub, manifest, mounts, scripts
 from mlrepro.launch import plan as launch
 from mlrepro.util.fsutil import atomic_dir
@@ -112,7 +112,7 @@ def space_needed(root: Path, bench: mlrepro_config.Benchmark, stage: str) -> tup
     spec = getattr(bench, stage)
     if in_place(spec):
         return 0, f"{stage} is used in place"
-    folders = {name: layout.stage_folder(root, bench.name, name) for name in layout.STAGE_FOLDERS}
+    folders = {name: paths.stage_folder(root, bench.name, name) for name in paths.STAGE_FOLDERS}
     held = {name: _bytes_under(f, f.parent / f".{f.name}.partial") for name, f in folders.items()}
     others_in_place = sum(getattr(bench, name)["min_free_gb"] for name in folders
                           if getattr(bench, name) and in_place(getattr(bench, name)))
@@ -141,7 +141,7 @@ def _stage_image(settings, benchmark: str) -> str | None:
     """The image download scripts run in: the .sqsh (enroot), the podman tag, or None (host)."""
     if settings.system.container_runtime == "none":
         return None
-    return layout.container_image(layout.read_container(settings.root, benchmark), pushed=False)
+    return paths.container_image(paths.read_container(settings.root, benchmark), pushed=False)
 
 
 def _run_script(source: dict, impl: Path, where: Path, image: str | None, log_path: Path, env: dict) -> None:

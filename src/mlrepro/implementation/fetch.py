@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from mlrepro.implementation.configs import ImplementationError
-from mlrepro.layout import read_json_if_exists
+from mlrepro.paths import read_json_if_exists
 from mlrepro.util.fsutil import atomic_dir
 from mlrepro.util.proc import run
 

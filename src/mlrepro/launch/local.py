@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.config import System
 from mlrepro.launch.plan import (
     RESERVE_BYTES,
@@ -146,7 +146,7 @@ def _stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
     attempt: stop it all, and start nothing while any of it is left."""
     from mlrepro.util import proctree
 
-    job = layout.read_job(seed_dir) or {}
+    job = paths.read_job(seed_dir) or {}
     if job.get("scheduler") == "local" and job.get("host") == socket.gethostname():
         # The process that waited on that attempt (its workflow may be gone, it may not).
         proctree.kill_process(int(job.get("owner_pid") or 0), job.get("owner_start"))
@@ -246,7 +246,7 @@ def _preflight_reason(logdir: Path) -> str | None:
     """Why the attempt's quick preflight failed its node (exit 126 is also bash's "cannot execute")."""
     from mlrepro.preflight import quick
 
-    host = layout.read_json_if_exists(logdir / quick.RECORD)
+    host = paths.read_json_if_exists(logdir / quick.RECORD)
     return quick.reason(host) if host else None
 
 
@@ -274,7 +274,7 @@ def _check_exit(plan: SeedPlan, rc: int, attempt: int, attempt_log: Path, run_lo
             _io_failure(plan, exc)
         _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
     if rc == PREFLIGHT_EXIT and (why := _preflight_reason(attempt_log.parent)):
-        host = layout.read_json_if_exists(attempt_log.parent / quick.RECORD)
+        host = paths.read_json_if_exists(attempt_log.parent / quick.RECORD)
         record_failure(plan.seed_dir, why, state="PREFLIGHT_FAILED", attempt=attempt, suspect_nodes=[host["host"]],
                        preflight=host)
         raise SeedFailed(f"seed {plan.seed}: {why}; see {attempt_log.parent / quick.RECORD}")

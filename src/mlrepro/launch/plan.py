@@ -4,7 +4,7 @@ A seed is one run of the implementation: run_and_time.sh with the environment th
 config_<SYS>.sh exports plus DATADIR, MODEL, LOGDIR and SEED. On a `local` system it runs
 through submitit's LocalExecutor (mlrepro.launch.local; timeout = the config's wall-time); on a
 `slurm` system run.sub itself is the batch script, submitted once per seed with sbatch
-(mlrepro.launch.slurm). The seed folder's files are listed in mlrepro.layout.
+(mlrepro.launch.slurm). The seed folder's files are listed in mlrepro.paths.
 
 Before a seed starts, its dataset and checkpoint are checked against their manifests
 (`verify_inputs`), and whatever an earlier attempt left running is killed (mlrepro.util.proctree).
@@ -22,7 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.config import (
     Benchmark,
     ConfigError,
@@ -134,9 +134,9 @@ def plan_seed(settings: Settings, benchmark: str, seed: int) -> SeedPlan:
     system = settings.system
     cfg = implementation_config(bench, system)
     root = settings.root
-    seed_dir = layout.seed_dir(root, benchmark, seed)
-    places = {stage: str(layout.stage_location(root, benchmark, stage)) for stage in layout.STAGE_FOLDERS}
-    places["corpus"] = str(layout.corpus_dir(root, bench.corpus or "none"))
+    seed_dir = paths.seed_dir(root, benchmark, seed)
+    places = {stage: str(paths.stage_location(root, benchmark, stage)) for stage in paths.STAGE_FOLDERS}
+    places["corpus"] = str(paths.corpus_dir(root, bench.corpus or "none"))
     env = {
         **cfg.env,
         **bench.env,
@@ -234,8 +234,8 @@ def verify_inputs(plan: SeedPlan, root: Path) -> None:
     from mlrepro.data.manifest import verify_manifest
 
     problems = []
-    for stage in layout.STAGE_FOLDERS:
-        manifest = layout.stage_folder(root, plan.benchmark, stage) / "manifest.json"
+    for stage in paths.STAGE_FOLDERS:
+        manifest = paths.stage_folder(root, plan.benchmark, stage) / "manifest.json"
         if manifest.is_file():
             problems += verify_manifest(manifest)
     if problems:

@@ -6,7 +6,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.config import System
 from mlrepro.launch.plan import (
     SeedFailed,
@@ -28,9 +28,9 @@ NODE_SUSPECT_STATES = {"NODE_FAIL", "FAILED", "OUT_OF_MEMORY"}
 
 def _container_image(plan: SeedPlan) -> str:
     """What run.sub gets as CONT: the .sqsh, the pushed or built image, or `none` to run on the host."""
-    root = plan.seed_dir.parents[2]  # seed_dir is <root>/results/<benchmark>/seed_<N> (layout.seed_dir)
-    record = layout.read_container(root, plan.benchmark)
-    return layout.container_image(record, pushed=True) or "none"
+    root = plan.seed_dir.parents[2]  # seed_dir is <root>/results/<benchmark>/seed_<N> (paths.seed_dir)
+    record = paths.read_container(root, plan.benchmark)
+    return paths.container_image(record, pushed=True) or "none"
 
 
 def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
@@ -39,7 +39,7 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
     seed_dir = plan.seed_dir
     logdir = seed_dir / f"attempt_{attempt}"
     logdir.mkdir(parents=True, exist_ok=True)
-    suspects = sorted(set((layout.read_failure(seed_dir) or {}).get("suspect_nodes", [])))
+    suspects = sorted(set((paths.read_failure(seed_dir) or {}).get("suspect_nodes", [])))
     env = _run_env(plan, logdir, CONT=_container_image(plan))
     exclude = tuple(system.exclude_nodes) + tuple(n for n in suspects if n not in system.exclude_nodes)
     command = slurm.for_attempt(plan.sbatch, exclude=exclude, output=logdir / "slurm-%j.out", workdir=logdir)
@@ -71,7 +71,7 @@ def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
     """The seed's Slurm job to wait for: a live or finished-unread one from before, else a new one."""
     from mlrepro.slurm import client as slurm
 
-    job = layout.read_job(plan.seed_dir)
+    job = paths.read_job(plan.seed_dir)
     if job and job.get("scheduler") == "slurm":
         info = slurm.job_info(job["job_id"], status_command=system.slurm_status_command)
         # UNKNOWN: Slurm has forgotten the job (purged from accounting); it cannot be waited for.
@@ -117,7 +117,7 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
          "nodes": list(info.nodes)},
     )
     if info.state != "COMPLETED":
-        previous = (layout.read_failure(seed_dir) or {}).get("suspect_nodes", [])
+        previous = (paths.read_failure(seed_dir) or {}).get("suspect_nodes", [])
         suspects = sorted(set(previous) | (set(info.nodes) if info.state in NODE_SUSPECT_STATES else set()))
         record_failure(
             seed_dir, f"Slurm job {job['job_id']} ended {info.state}" + (f" (exit code {info.exit_code})" if info.exit_code else ""),

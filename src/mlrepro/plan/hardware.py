@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import layout
+from mlrepro import paths
 
 # Plain compiled GPT-1.3B step on one H100, DESIGN.md section 8: 48.4% of 989 TFLOP/s. The
 # planner's absolute times scale with it; rankings depend on it only through compute vs comms.
@@ -83,8 +83,8 @@ def from_system(system: mlrepro_config.System, root: str | Path | None = None) -
     if root is None:
         return facts
     # An absent or unreadable record leaves the datasheet's figures in place.
-    return with_measured(facts, layout.read_json_if_exists(layout.preflight_json(root, system.name)),
-                         layout.read_json_if_exists(layout.baseline_json(root, system.name)))
+    return with_measured(facts, paths.read_json_if_exists(paths.preflight_json(root, system.name)),
+                         paths.read_json_if_exists(paths.baseline_json(root, system.name)))
 
 
 def datasheet(system: mlrepro_config.System) -> SystemFacts:
@@ -150,7 +150,7 @@ def with_measured(facts: SystemFacts, preflight: dict | None, baseline: dict | N
     """`facts` with the figures preflight and the baseline stage measured in place of the datasheet's."""
     changes, sources = {}, dict(facts.sources)
     pre = (preflight or {}).get("summary") or {}
-    where = layout.preflight_json(Path(), facts.name)  # relative: results/preflight/<system>/preflight.json
+    where = paths.preflight_json(Path(), facts.name)  # relative: results/preflight/<system>/preflight.json
     memory_gib = _number(pre.get("gpu_memory_gib"))
     if memory_gib:
         changes["gpu_memory_gb"] = memory_gib * GIB / 1e9
@@ -165,7 +165,7 @@ def with_measured(facts: SystemFacts, preflight: dict | None, baseline: dict | N
         tflops = _number(run.get("tflops_per_gpu"))
         changes["mfu"] = tflops / facts.peak_tflops if tflops else float(run["mfu"])
         sources["mfu"] = (f"baseline ({run.get('model')} {run.get('precision') or ''} "
-                          f"{tflops or 0:.0f} TFLOP/s per GPU; {layout.baseline_json(Path(), facts.name)})")
+                          f"{tflops or 0:.0f} TFLOP/s per GPU; {paths.baseline_json(Path(), facts.name)})")
     elif matmul:
         changes["mfu"] = matmul * STEP_SHARE_OF_MATMUL / facts.peak_tflops
         sources["mfu"] = f"preflight (bf16 matmul {matmul:g} TFLOP/s x {STEP_SHARE_OF_MATMUL:.3f}; {where})"

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 from mlrepro.preflight import NA, collectives, compute, gpus, report, topology, verdict, versions
 
@@ -140,7 +140,7 @@ def run(args) -> int:
         sweep = settings["sweep"]
         collectives.srun_sweep(collectives.sweep(sweep["begin"], sweep["end"], sweep["factor"]), Path(args.srun_allreduce))
         return 0
-    out = Path(args.out) if args.out else layout.preflight_dir(root, args.system)
+    out = Path(args.out) if args.out else paths.preflight_dir(root, args.system)
     expected = system.gpus_per_node if system.device == "cuda" else None
     doc = preflight(args.system, settings, expected, out, quick=args.quick)
     for h in doc["hosts"]:

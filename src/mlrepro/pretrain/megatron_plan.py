@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.plan import hardware, search, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch
@@ -68,7 +68,7 @@ class Planned:
 
 def benchmark_corpus_dir(root: Path, bench: mlrepro_config.Benchmark) -> Path:
     """resources/corpora/<corpus>/ of the benchmark's `corpus:` (mini_corpus when it names none)."""
-    return layout.corpus_dir(root, bench.corpus or "mini_corpus")
+    return paths.corpus_dir(root, bench.corpus or "mini_corpus")
 
 
 def variants(bench: mlrepro_config.Benchmark) -> dict[str, Variant]:

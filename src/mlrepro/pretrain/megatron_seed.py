@@ -23,7 +23,7 @@ import tarfile
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.launch import plan as launch
 from mlrepro.pretrain import megatron_launch, megatron_log, megatron_plan, megatron_source
 from mlrepro.util.fsutil import atomic_dir, atomic_write_text
@@ -47,7 +47,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
             f"`mlrepro plan` show it); {megatron_plan.NOT_LAUNCHED}: run it in its own container, or train "
             f"the model with `launcher: megatron`")
     corpus_dir = megatron_plan.benchmark_corpus_dir(root, bench)
-    seed_dir = layout.seed_dir(root, benchmark, seed)
+    seed_dir = paths.seed_dir(root, benchmark, seed)
     lay, per_node = p.layout, system.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
     slurm = system.scheduler == "slurm"

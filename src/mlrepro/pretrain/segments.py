@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.util.fsutil import atomic_write_json
 from mlrepro.pretrain import checkpoints
 
@@ -157,7 +157,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits) -> 
             launch_one(plan, system, run_log)
         except launch.SeedFailed as exc:
             failure = plan.seed_dir / "failure.json"
-            why = (layout.read_json_if_exists(failure) or {}).get("state")
+            why = (paths.read_json_if_exists(failure) or {}).get("state")
             if not exc.retry and why != "CANCELLED":
                 raise
             # The chain goes on: the segment's record keeps why it ended, and the seed is not "failed".

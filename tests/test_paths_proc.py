@@ -1,4 +1,4 @@
-"""mlrepro.layout (paths and record readers) and mlrepro.util.proc (the one command runner), on real files and processes."""
+"""mlrepro.paths (paths and record readers) and mlrepro.util.proc (the one command runner), on real files and processes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mlrepro import layout
+from mlrepro import paths
 from mlrepro.util import proc
 
 
@@ -14,42 +14,42 @@ def test_seed_folders_are_found_and_named_in_one_place(tmp_path):
     for name in ("seed_3", "seed_10", "seed_x", "notes"):
         (tmp_path / "results" / "b" / name).mkdir(parents=True)
     (tmp_path / "results" / "b" / "seed_4").write_text("a file, not a seed folder")
-    assert layout.seed_dirs(tmp_path / "results" / "b") == {3: tmp_path / "results/b/seed_3",
+    assert paths.seed_dirs(tmp_path / "results" / "b") == {3: tmp_path / "results/b/seed_3",
                                                              10: tmp_path / "results/b/seed_10"}
-    assert layout.seed_dir(tmp_path, "b", 7) == tmp_path / "results/b/seed_7"
-    assert layout.seed_file_pattern("run.json") == "results/{benchmark}/seed_{seed}/run.json"
-    assert layout.seed_files("b", (1, 2), "mllog.txt") == ["results/b/seed_1/mllog.txt", "results/b/seed_2/mllog.txt"]
+    assert paths.seed_dir(tmp_path, "b", 7) == tmp_path / "results/b/seed_7"
+    assert paths.seed_file_pattern("run.json") == "results/{benchmark}/seed_{seed}/run.json"
+    assert paths.seed_files("b", (1, 2), "mllog.txt") == ["results/b/seed_1/mllog.txt", "results/b/seed_2/mllog.txt"]
 
 
 def test_a_missing_or_half_written_record_reads_as_none(tmp_path):
-    assert layout.read_json_if_exists(tmp_path / "job.json") is None
+    assert paths.read_json_if_exists(tmp_path / "job.json") is None
     (tmp_path / "job.json").write_text('{"job_id": "12')
-    assert layout.read_job(tmp_path) is None
+    assert paths.read_job(tmp_path) is None
     (tmp_path / "failure.json").write_text('{"reason": "timeout"}')
-    assert layout.read_failure(tmp_path) == {"reason": "timeout"}
+    assert paths.read_failure(tmp_path) == {"reason": "timeout"}
     (tmp_path / "failure.json").write_text('["not", "an", "object"]')
-    assert layout.read_failure(tmp_path) is None
+    assert paths.read_failure(tmp_path) is None
 
 
 def test_what_a_system_measured_lives_under_results_by_system(tmp_path):
-    assert layout.preflight_json(tmp_path, "h100") == tmp_path / "results/preflight/h100/preflight.json"
-    assert layout.baseline_json(tmp_path, "h100") == tmp_path / "results/baseline/h100/baseline.json"
-    assert layout.preflight_files(tmp_path, "h100", "b")[0] == layout.preflight_json(tmp_path, "h100")
+    assert paths.preflight_json(tmp_path, "h100") == tmp_path / "results/preflight/h100/preflight.json"
+    assert paths.baseline_json(tmp_path, "h100") == tmp_path / "results/baseline/h100/baseline.json"
+    assert paths.preflight_files(tmp_path, "h100", "b")[0] == paths.preflight_json(tmp_path, "h100")
 
 
 def test_the_image_a_job_runs_in(tmp_path):
     podman = {"runtime": "podman", "tag": "mlrepro/b:x", "push": {"ref": "registry/b:x"}}
-    assert layout.container_image(podman, pushed=False) == "mlrepro/b:x"  # on this host: the built tag
-    assert layout.container_image(podman, pushed=True) == "registry/b:x"  # on compute nodes: the pushed copy
+    assert paths.container_image(podman, pushed=False) == "mlrepro/b:x"  # on this host: the built tag
+    assert paths.container_image(podman, pushed=True) == "registry/b:x"  # on compute nodes: the pushed copy
     enroot = {**podman, "sqsh": {"path": "/r/image.sqsh"}}
-    assert layout.container_image(enroot, pushed=True) == "/r/image.sqsh"
-    assert layout.container_image({"runtime": "none"}, pushed=True) is None
-    assert layout.container_image({}, pushed=False) is None
+    assert paths.container_image(enroot, pushed=True) == "/r/image.sqsh"
+    assert paths.container_image({"runtime": "none"}, pushed=True) is None
+    assert paths.container_image({}, pushed=False) is None
     bench = tmp_path / "results" / "b"
     bench.mkdir(parents=True)
     (bench / "container.json").write_text('{"runtime": "podman", "tag": "t"}')
-    assert layout.read_container(tmp_path, "b") == {"runtime": "podman", "tag": "t"}
-    assert layout.read_container(tmp_path, "other") == {}
+    assert paths.read_container(tmp_path, "b") == {"runtime": "podman", "tag": "t"}
+    assert paths.read_container(tmp_path, "other") == {}
 
 
 class ToolError(Exception):
