@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_verdict import CHROMIUM, dom
+from unit.scoring.test_verdict import CHROMIUM, dom  # tests/ is on sys.path (pyproject)
 from workspace import make_workspace, run_snakemake
 
 pytestmark = pytest.mark.slow

@@ -29,10 +29,11 @@ from mlrepro.scoring import checkers
 from mlrepro.container import image as container
 from mlrepro.data import mounts
 from workspace import make_workspace, planned_jobs, snakemake_cmd
+import workspace
 
 pytestmark = [pytest.mark.slow]
 
-TESTS = Path(__file__).resolve().parent
+TESTS = workspace.REPO / "tests"
 MINI = TESTS.parent / "implementations" / "mini_lora"
 FIXTURE_IMPL = TESTS / "fixtures" / "nvidia_impl"
 PUBLISHED_CONFIGS = TESTS / "fixtures" / "nvidia_configs"

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from mlrepro.launch import local as launch
 from mlrepro.preflight import quick
-from workspace import make_workspace, run_snakemake
+from workspace import FIXTURES, make_workspace, run_snakemake
 
-H100 = Path(__file__).parent / "fixtures" / "preflight" / "h100"
+H100 = FIXTURES / "preflight" / "h100"
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,12 +13,12 @@ import torch
 from mlrepro.baseline import flops, probe, report
 from mlrepro.baseline.model import GPT
 from mlrepro.plan import models
-from workspace import make_workspace
+from workspace import FIXTURES, REPO, make_workspace
 
-H100 = Path(__file__).parent / "fixtures" / "preflight" / "h100"
+H100 = FIXTURES / "preflight" / "h100"
 # Issue 12's second round: the variant sweeps on one H200 and one H100 (README.md there).
-SWEEPS = Path(__file__).parent / "fixtures" / "baseline"
-ROOT = Path(__file__).parents[1]
+SWEEPS = REPO / "docs" / "measurements" / "baseline_probe"  # the recorded probe sweeps
+ROOT = REPO
 TINY = dataclasses.replace(models.model("gpt-126m"), layers=2, hidden=64, heads=4, kv_heads=4,
                            ffn_hidden=256, vocab=512, seq=128)
 
@@ -132,7 +131,7 @@ def test_report_without_runs_says_why(tmp_path):
     assert "not applicable" in (tmp_path / "r.md").read_text()
 
 
-@pytest.mark.parametrize("sweep", sorted((ROOT / "benchmarks" / "baseline").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("sweep", sorted(SWEEPS.glob("*.yaml")), ids=lambda p: p.name)
 def test_recorded_sweep_files_are_valid_settings(sweep):
     """The settings files the recorded sweeps ran with still pass the schema, every variant spelled out."""
     from mlrepro.preflight.run import load_settings

@@ -18,10 +18,10 @@ from mlrepro.plan import models
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch
 from mlrepro.preflight.run import load_settings
-from workspace import make_workspace, planned_jobs, run_snakemake
+from workspace import REPO, make_workspace, planned_jobs, run_snakemake
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORDED = ROOT / "implementations" / "megatron_gpt" / "device" / "recorded"
+ROOT = REPO
+RECORDED = ROOT / "docs" / "measurements" / "megatron_h100"
 # Megatron-LM's log of a real run on one H100 (GPT-126M shape, MBS 8 GBS 16, bf16, SDPA; issue 11).
 H100_LOG = RECORDED / "workflow_h100" / "seed_1_mllog.txt"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -168,7 +168,7 @@ def test_dry_run_on_the_cpu_system_starts_no_megatron(ws):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_recorded_h100_gpt13b_rows_rebuilt_from_their_megatron_logs(precision):
-    """implementations/megatron_gpt/device/recorded/baseline_h100/: baseline_device.sh on one H100; the
+    """docs/measurements/megatron_h100/baseline_h100/: device/baseline_device.sh on one H100; the
     row rebuilt from Megatron's log is the one the workflow wrote, and its FLOP count is Megatron's."""
     recorded = RECORDED / "baseline_h100"
     doc = json.loads((recorded / "baseline.json").read_text())

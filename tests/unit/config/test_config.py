@@ -7,8 +7,9 @@ import pytest
 import yaml
 
 from mlrepro import config
+import workspace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = workspace.REPO
 
 
 

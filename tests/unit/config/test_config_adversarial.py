@@ -9,8 +9,9 @@ import yaml
 
 from mlrepro import config
 from workspace import make_workspace, run_snakemake
+import workspace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = workspace.REPO
 BENCH = Path("config") / "benchmarks" / "mini_lora.yaml"
 
 

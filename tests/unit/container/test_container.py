@@ -28,8 +28,9 @@ from mlrepro.container.image import (
     inspect_image,
     push,
 )
+import workspace
 
-FIXTURE_IMAGE = Path(__file__).parent / "fixtures" / "fixture_image"
+FIXTURE_IMAGE = workspace.FIXTURES / "fixture_image"
 needs_podman = pytest.mark.skipif(shutil.which("podman") is None,
                                   reason="podman is not installed (apt-get install -y podman squashfs-tools)")
 needs_squashfs = pytest.mark.skipif(shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None,

@@ -18,9 +18,9 @@ from mlrepro import config as mlrepro_config
 from mlrepro.data import checks
 from mlrepro.corpus import array, blend, concat, extract, indexed, minicorpus, preprocess, shards, stages
 from mlrepro.corpus import tokenizer as corpus_tokenizer
+import workspace
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
+REPO = workspace.REPO
 
 
 @pytest.fixture(scope="module")

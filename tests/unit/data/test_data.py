@@ -6,13 +6,11 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 from fixtures.http_server import LocalHTTPServer, Misbehaviour
 
 from mlrepro.data.checks import DataError, DownloadError, MissingTokenError, check_free_space, require_token
@@ -21,6 +19,7 @@ from mlrepro.data.hub import hub_download
 from mlrepro.data.manifest import write_manifest
 from mlrepro.data.mounts import ExpectedEntry, read_expected_mounts, verify_mounts
 from mlrepro.data.scripts import apply_cleanup, container_command, run_download_script
+import workspace
 
 TOKEN = "hf_TESTtoken_5f1d9c2e7a"
 BLOB = os.urandom(3 * 1024 * 1024 + 123)  # several read chunks, odd tail
@@ -312,7 +311,7 @@ def test_container_command_lines_keep_secrets_off_argv(tmp_path):
 def test_405b_cleanup_leaves_the_documented_files(tmp_path):
     import yaml
 
-    bench = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/benchmarks/llama31_405b.yaml").read_text())
+    bench = yaml.safe_load((workspace.REPO / "config/benchmarks/llama31_405b.yaml").read_text())
     c4 = next(s for s in bench["dataset"]["sources"] if s.get("into") == "c4")
     d = tmp_path / "c4"
     d.mkdir()

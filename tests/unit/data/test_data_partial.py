@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import textwrap
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,8 +13,9 @@ import yaml
 from mlrepro import config, stages
 from mlrepro.data import manifest
 from mlrepro.util.fsutil import atomic_dir
+import workspace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = workspace.REPO
 
 DOWNLOAD = textwrap.dedent("""\
     import pathlib, sys

@@ -17,9 +17,10 @@ from mlrepro.implementation.configs import (
     read_config,
 )
 from mlrepro.implementation.fetch import FetchError, fetch_implementation
+import workspace
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).parent / "fixtures" / "nvidia_configs"
+REPO_ROOT = workspace.REPO
+FIXTURES = workspace.FIXTURES / "nvidia_configs"
 
 # Every NVIDIA v5.0 system config of both benchmarks (mlcommons/training_results_v5.0 at
 # 0fdc28f), as reproduced by the fixture files: what each must parse to.

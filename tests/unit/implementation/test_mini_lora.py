@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import workspace
 
-IMPL = Path(__file__).resolve().parents[1] / "implementations" / "mini_lora"
+IMPL = workspace.REPO / "implementations" / "mini_lora"
 SCRIPTS = IMPL / "scripts"
 CONFIGS = sorted(IMPL.glob("config_CPU_*.sh"))
 

@@ -18,8 +18,9 @@ from mlrepro.corpus import blend, indexed, minicorpus
 from mlrepro.launch import plan as launch
 from mlrepro.pretrain import megatron_plan, megatron_seed
 from workspace import make_workspace, run_snakemake
+import workspace
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = workspace.FIXTURES
 
 
 def _workspace(dest: Path, vocab: int = 554) -> Path:
@@ -189,10 +190,10 @@ def test_gpt_seed_through_the_workflow_from_the_corpus_stages(tmp_path):
 
 @pytest.mark.slow
 def test_recorded_h100_seed_scored_by_the_score_rules(tmp_path):
-    """The H100 run's Megatron log (implementations/megatron_gpt/device/recorded/workflow_h100) through
+    """The H100 run's Megatron log (docs/measurements/megatron_h100/workflow_h100) through
     the real score_seed and score rules, on the device's system file; about 10 s."""
     ws = _workspace(tmp_path / "ws")
-    recorded = ws / "implementations/megatron_gpt/device/recorded/workflow_h100"
+    recorded = workspace.REPO / "docs/measurements/megatron_h100/workflow_h100"
     seed = ws / "results/gpt_126m/seed_1"
     seed.mkdir(parents=True)
     shutil.copy(recorded / "seed_1_mllog.txt", seed / "mllog.txt")

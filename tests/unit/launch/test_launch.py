@@ -18,8 +18,9 @@ import yaml
 from mlrepro import paths
 from mlrepro import config, stages
 from mlrepro.launch import plan as launch
+import workspace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = workspace.REPO
 
 # A run_and_time.sh that behaves like a trainer: MLLOG on stdout, and a knob to fail the
 # first N attempts (counted in a file), to time out, or to stop without run_stop.
@@ -194,7 +195,6 @@ def test_wall_time_is_enforced(tree, monkeypatch):
 
 
 def test_dataset_stage_from_a_hub_source_with_a_token_and_a_manifest(tree, monkeypatch):
-    sys.path.insert(0, str(Path(__file__).parent))
     from fixtures.http_server import LocalHTTPServer
 
     token = "hf_stage_test_token_0123456789abcdef"

@@ -17,8 +17,9 @@ from mlrepro.implementation import configs as implementation
 from mlrepro.cli import main
 from mlrepro.plan import cost, hardware, memory, models, search, workloads, writer
 from mlrepro.plan.layout import Layout
+import workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = workspace.REPO
 
 
 def facts(name: str, gpus: int | None = None) -> hardware.SystemFacts:

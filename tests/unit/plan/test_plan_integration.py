@@ -16,10 +16,11 @@ from mlrepro import stages
 from mlrepro.scoring import package
 from mlrepro.cli import main
 from mlrepro.plan import hardware, search, workloads
-from test_verdict import NYX, git_repository, shifted
+from unit.scoring.test_verdict import NYX, git_repository, shifted  # tests/ is on sys.path (pyproject)
 from workspace import make_workspace
+import workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = workspace.REPO
 
 # The shared record formats (BRIEF: results/preflight/<system>/preflight.json and
 # results/baseline/<system>/baseline.json), with the figures DESIGN.md section 8 measured on H100.

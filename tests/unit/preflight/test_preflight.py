@@ -5,17 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from mlrepro import config
 from mlrepro.preflight import NA, collectives, gpus, quick, report, run, topology, verdict, versions
+import workspace
 
-FIX = Path(__file__).parent / "fixtures" / "preflight"
+FIX = workspace.FIXTURES / "preflight"
 H100 = FIX / "h100"  # recorded on the device machine (nvidia-h100-x1), 2026-11-23
 PUBLIC = FIX / "public"  # posted in public issues, each file names its source
-REPO = Path(__file__).resolve().parents[1]
+REPO = workspace.REPO
 cpu_only = pytest.mark.skipif(gpus.collect()[0] is None, reason="this machine has an NVIDIA driver")
 
 

@@ -6,7 +6,6 @@ import json
 import re
 import shlex
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,9 @@ from mlrepro.corpus import blend, indexed, minicorpus
 from mlrepro.plan import hardware
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch, megatron_plan
+import workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = workspace.REPO
 PINNED = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 
 
@@ -165,7 +165,7 @@ def test_local_launch_is_torchrun_one_process_per_gpu():
 
 def test_recorded_device_launch_lines_are_what_the_module_renders():
     for arm, sdpa in (("sdpa", True), ("unfused", False)):
-        recorded = (ROOT / "implementations" / "megatron_gpt" / "device" / f"launch_{arm}.sh").read_text().strip()
+        recorded = (ROOT / "device" / f"launch_{arm}.sh").read_text().strip()
         run = megatron_launch.Run("gpt-126m", Layout(mbs=8, ga=2), 300, data_prefix=(1.0, "/tmp/data/corpus_text_document"),
                                   pretokenized_vocab=27169, warmup_iters=30, sdpa=sdpa)
         assert megatron_launch.torchrun_line(run) == recorded

@@ -2,7 +2,7 @@
 
 The Megatron logs under fixtures/megatron/ are recorded: GPT-126M shape through Megatron-LM's
 pretrain_gpt.py (pinned commit) on one H100, 300 iterations, torch-SDPA attention spec and
-Megatron's unfused attention (implementations/megatron_gpt/device/run_device.sh).
+Megatron's unfused attention (device/run_device.sh).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import pytest
 
 from mlrepro.plan import hardware
 from mlrepro.pretrain import loss_band, megatron_log, megatron_score
+import workspace
 
-FIX = Path(__file__).parent / "fixtures" / "megatron"
+FIX = workspace.FIXTURES / "megatron"
 SDPA = FIX / "megatron_sdpa.log"
 UNFUSED = FIX / "megatron_unfused.log"
-REFERENCE = Path(__file__).parents[1] / "implementations" / "megatron_gpt" / "reference" / "gpt_126m_loss.csv"
+REFERENCE = workspace.REPO / "implementations" / "megatron_gpt" / "reference" / "gpt_126m_loss.csv"
 H100 = "NVIDIA H100 80GB HBM3"
 
 

@@ -21,8 +21,9 @@ import pytest
 from mlrepro import cli
 from mlrepro.scoring import report
 from mlrepro.scoring import tree_score
+import workspace
 
-SAMPLE = Path(__file__).parent / "fixtures" / "mlperf_v5_sample"
+SAMPLE = workspace.FIXTURES / "mlperf_v5_sample"
 SUBMITTERS = ["AMD", "ASUSTeK", "Dell", "NVIDIA", "tinycorp"]
 
 

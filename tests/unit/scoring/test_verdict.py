@@ -25,8 +25,9 @@ from mlrepro.scoring import reference
 from mlrepro.scoring import score as scoring
 from mlrepro.scoring import verdict
 from workspace import make_workspace
+import workspace
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = workspace.FIXTURES
 PUBLISHED = FIXTURES / "training_results_v5.0"
 NYX = PUBLISHED / "NVIDIA" / "results" / "nyx_n1_ngc25.04_nemo" / "llama2_70b_lora"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
