@@ -14,7 +14,7 @@ T=${T:-$PWD/.gpu/mb12/tree}
 G=${G:-$PWD/.gpu/g11c}
 WHL=${WHL:-$PWD/.whl}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-HERE=implementations/megatron_gpt/device
+HERE=device
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   $(ls "$WHL"/*.whl | grep -v megatron_core) "$G"/whl/*.whl "$G"/whl2/*.whl > /tmp/pip.txt 2>&1 || { echo "pip failed"; tail -5 /tmp/pip.txt; }

@@ -37,6 +37,6 @@ for arm, layout, sdpa in (("sdpa", Layout(mbs=8, ga=2), True), ("unfused", Layou
     run = Run("gpt-126m", layout, 300, data_prefix=prefix, pretokenized_vocab=vocab, warmup_iters=30, sdpa=sdpa)
     (dest / f"launch_{arm}.sh").write_text(torchrun_line(run) + "\n")
 PY
-cp "$HERE/run_device.sh" "$DEST/"; cp "$HERE/../sdpa_spec.py" "$DEST/"
+cp "$HERE/run_device.sh" "$DEST/"; cp "$HERE/../implementations/megatron_gpt/sdpa_spec.py" "$DEST/"
 cp "$HERE/stubs/transformers/__init__.py" "$DEST/stubs/transformers/"
 du -sh "$DEST"
