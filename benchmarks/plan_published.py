@@ -6,7 +6,7 @@ comes with numbers.
     PYTHONPATH=src python benchmarks/plan_published.py
 
 What it printed (2026-11-23, re-run at the end of session 5 with the same figures: the table is
-benchmarks/recorded/plan_published.txt; datasheet figures, measured=False, since these are NVIDIA's
+docs/measurements/planner/plan_published.txt; datasheet figures, measured=False, since these are NVIDIA's
 systems, not ours; minutes are the planner's time to train at MFU 0.484 of the bf16 peak, so only
 their ratios mean anything):
 

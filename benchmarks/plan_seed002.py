@@ -8,7 +8,7 @@ GPT-3 examples of that time; ZeRO-1 is the distributed optimizer.
 
     PYTHONPATH=src python benchmarks/plan_seed002.py
 
-Recorded (2026-11-23; benchmarks/recorded/plan_seed002.txt): all nine layouts fit their GPUs;
+Recorded (2026-11-23; docs/measurements/planner/plan_seed002.txt): all nine layouts fit their GPUs;
 13B as TP1 PP4 DP4 on 16 x A100 80GB only with selective recompute (46.0 GB; without it the
 attention scores and dropout do not fit). The planner keeps the seed's layout for the six
 125M/1.3B rows and would run 13B as TP1 PP2 CP2 DP4 (16 GPUs, 65.7 GB, 1% faster), TP1 PP4 DP8

@@ -7,7 +7,7 @@ among, and wall seconds of one plan (after one warm-up plan, so that importing p
 the RCP files is not counted; the cold first plan is shown separately). Goal: < 1 s at 1,024.
 
 Recorded (2026-11-23, this 2-core machine shared with five other engineers' tests, load average
-~4; benchmarks/recorded/plan_speed.txt): at 1,024 GPUs gpt-175b 0.183 s, gpt-13b 0.061 s,
+~4; docs/measurements/planner/plan_speed.txt): at 1,024 GPUs gpt-175b 0.183 s, gpt-13b 0.061 s,
 llama31_405b 0.305 s (41,192 layouts priced), llama2_70b_lora 0.216 s; the slowest of all rows
 0.305 s; a fresh process's first two plans 0.63 s. On a quieter machine earlier the same day the
 slowest 1,024-GPU row was 0.168 s.

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
 COPIED = ("Snakefile", "workflow", "config", "profiles", "implementations")
 
 

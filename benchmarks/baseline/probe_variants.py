@@ -21,7 +21,7 @@ import tempfile
 import time
 
 VARIANTS = {
-    # the fastest of the second round (tests/fixtures/baseline/README.md): 52.3% on H100 and H200
+    # the fastest of the second round (docs/measurements/baseline_probe/README.md): 52.3% on H100 and H200
     "best": {"scope": "model", "mode": "default", "mbs": 16, "ga": 4, "profile": True},
     "cdt": {"scope": "model", "mode": "default", "mbs": 16, "ga": 4, "inductor": {"coordinate_descent_tuning": True}},
     "maxat": {"scope": "block", "mode": "max-autotune-no-cudagraphs", "mbs": 16, "ga": 4, "profile": True},

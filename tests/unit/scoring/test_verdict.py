@@ -1,0 +1,305 @@
+"""The verdict: your runs against the published ones, scored by the same scorer.
+
+NVIDIA's published llama2_70b_lora logs of 1x DGX B200 (tests/fixtures/training_results_v5.0)
+stand in for the user's runs: as they are they must be reported reproduced with a 0%
+difference, and 10% slower they must not. The published side is fetched from a git
+repository built from the fixture, at a pinned commit, the way the workflow fetches
+training_results_v5.0; the pages are read back in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlrepro import config as mlrepro_config
+from mlrepro import stages
+from mlrepro.scoring import reference
+from mlrepro.scoring import score as scoring
+from mlrepro.scoring import verdict
+from workspace import make_workspace
+import workspace
+
+FIXTURES = workspace.FIXTURES
+PUBLISHED = FIXTURES / "training_results_v5.0"
+NYX = PUBLISHED / "NVIDIA" / "results" / "nyx_n1_ngc25.04_nemo" / "llama2_70b_lora"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+RULES = scoring.rules_for("llama2_70b_lora")
+
+
+def shifted(src: Path, dest: Path, factor: float) -> Path:
+    """A copy of a run's log whose every event after run_start happens `factor` times later."""
+    lines, start = [], None
+    for line in src.read_text().splitlines():
+        head, sep, body = line.partition(":::MLLOG ")
+        if sep:
+            rec = json.loads(body)
+            if rec["key"] == "run_start":
+                start = rec["time_ms"]
+            elif start is not None:
+                rec["time_ms"] = start + round((rec["time_ms"] - start) * factor)
+            line = head + sep + json.dumps(rec)
+        lines.append(line)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text("\n".join(lines) + "\n")
+    return dest
+
+
+def published_reference() -> dict:
+    systems = {p.stem: json.loads(p.read_text()) for p in (PUBLISHED / "NVIDIA" / "systems").glob("*.json")}
+    return {"kind": reference.PUBLISHED, "label": "NVIDIA nyx_n1_ngc25.04_nemo (published)", "source": {},
+            "match": reference.choose_published("nyx_n1_ngc25.04_nemo", 1, 8, None, systems),
+            "system_desc": systems["nyx_n1_ngc25.04_nemo"],
+            "score": reference.score_reference(sorted(NYX.glob("result_*.txt")), RULES)}
+
+
+# ---------------------------------------------------------------- unit
+
+
+def test_published_reference_is_mlcommons_number():
+    ref = published_reference()
+    assert round(ref["score"]["score_minutes"], 3) == 11.275 and ref["score"]["valid"]
+    assert ref["match"]["exact"] and ref["match"]["differences"] == []
+
+
+def test_nearest_published_system_and_its_differences():
+    systems = {p.stem: json.loads(p.read_text()) for p in (PUBLISHED / "NVIDIA" / "systems").glob("*.json")}
+    # a generated 2x8 config: nearest in GPU count is the 8-GPU B200 (then the 8-GPU GB200 by name)
+    m = reference.choose_published("my_generated_2x8", 2, 8, "B200", systems)
+    assert m["system"] == "nyx_n1_ngc25.04_nemo" and not m["exact"]
+    assert any("2 nodes x 8 GPUs = 16 GPUs" in d and "1 x 8 = 8" in d for d in m["differences"])
+    assert any("config: yours from my_generated_2x8" in d for d in m["differences"])
+    # 64 GB200 GPUs: the 72-GPU rack is nearer than 8
+    m = reference.choose_published("x", 16, 4, "GB200", systems)
+    assert m["system"] == "tyche_ngpu72_ngc25.04_nemo"
+    # the published folder, but on H100s
+    m = reference.choose_published("nyx_n1_ngc25.04_nemo", 1, 8, "H100", systems)
+    assert m["system"] == "nyx_n1_ngc25.04_nemo" and m["differences"] == [
+        "accelerator: yours H100, published NVIDIA Blackwell GPU (B200-SXM-180GB)"]
+    with pytest.raises(reference.ReferenceError):
+        reference.submission_parts("implementations/mini_lora")
+    assert reference.submission_parts("NVIDIA/benchmarks/llama2_70b_lora/implementations") == (
+        "NVIDIA", "llama2_70b_lora")
+
+
+def test_verdict_of_the_published_runs_themselves(tmp_path):
+    ref = published_reference()
+    mine = scoring.score_runs([shutil.copy(p, tmp_path) for p in sorted(NYX.glob("result_*.txt"))], RULES)
+    v = verdict.compare(mine, ref)
+    assert v["verdict"] == "reproduced" and v["difference_pct"] == 0
+    assert all(t["p"] == 1.0 for t in v["tests"].values())
+    assert v["rcp_factor"] == v["reference_rcp_factor"] > 1
+
+
+@pytest.mark.parametrize("factor", [1.10, 0.90])
+def test_verdict_of_shifted_runs(tmp_path, factor):
+    ref = published_reference()
+    logs = [shifted(p, tmp_path / p.name, factor) for p in sorted(NYX.glob("result_*.txt"))]
+    mine = scoring.score_runs(logs, RULES)
+    assert mine["valid"]
+    v = verdict.compare(mine, ref)
+    assert v["verdict"] == "not reproduced"
+    assert v["difference_pct"] == pytest.approx((factor - 1) * 100, abs=0.01)
+    speed = v["tests"]["time_per_sample"]
+    # no overlap at ten runs a side: the smallest p Mann-Whitney can give
+    assert speed["different"] and speed["p"] == pytest.approx(0.000183, rel=0.01)
+    assert not v["tests"]["samples_to_converge"].get("different")
+    assert "time per sample 10.0% " + ("higher" if factor > 1 else "lower") in " ".join(v["why"])
+
+
+def test_slower_by_less_than_the_spread_is_reproduced(tmp_path):
+    """Half the runs 1% slower, the rest as published: within the published runs' spread."""
+    ref = published_reference()
+    paths = sorted(NYX.glob("result_*.txt"))
+    logs = [shifted(p, tmp_path / p.name, 1.01 if i % 2 else 1.0) for i, p in enumerate(paths)]
+    v = verdict.compare(scoring.score_runs(logs, RULES), ref)
+    assert v["verdict"] == "reproduced" and 0 < v["difference_pct"] < 1
+
+
+def test_no_reference_compares_seeds_only(tmp_path):
+    import logs_factory as lf
+
+    specs = [dict(s, minutes=m) for s, m in zip(lf.ten_runs(), [10, 10, 10, 10, 10, 10, 10, 10, 10, 12])]
+    mine = scoring.score_runs(lf.write_runs(tmp_path, specs), RULES)
+    v = verdict.compare(mine, reference.no_reference("mini_lora"))
+    assert v["verdict"] == "seeds only" and v["tests"] == {} and v["reference_score_minutes"] is None
+    assert "compared with each other only" in v["why"][0]
+    assert v["seeds"]["runs"] == 10 and v["seeds"]["range_pct"] == pytest.approx(20.0)
+    html = verdict.render_section(v, verdict.distribution_plot(v))
+    assert "id='seed-spread'" in html and "+20.0%" in html and html.count("<svg") == 1
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_repository_without_published_results_gives_no_reference(tmp_path):
+    """An implementation-only repository: seeds only, said why; the workflow goes on."""
+    url, commit = git_repository(tmp_path / "repo", with_results=False)
+    git = {"url": url, "commit": commit, "folder": "NVIDIA/benchmarks/llama2_70b_lora/implementations"}
+    ref = reference.fetch_published(git, "nyx_n1_ngc25.04_nemo", 1, 8, None, RULES, tmp_path / "published")
+    assert ref["kind"] == "none" and ref["score"] is None
+    assert "publishes no NVIDIA/systems" in ref["match"]["because"]
+
+
+def git_repository(path: Path, with_results: bool = True) -> tuple[str, str]:
+    """A git repository laid out as training_results_v5.0: the fixture's results and systems, and
+    the published llama2_70b_lora implementation configs. Returns (file:// url, commit)."""
+    if with_results:
+        shutil.copytree(PUBLISHED / "NVIDIA", path / "NVIDIA")
+    shutil.copytree(FIXTURES / "nvidia_configs" / "llama2_70b_lora",
+                    path / "NVIDIA" / "benchmarks" / "llama2_70b_lora" / "implementations")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(path), "PATH": "/usr/bin:/bin"}
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "sample"]):
+        subprocess.run(["git", *cmd], cwd=path, env=env, check=True, timeout=60, capture_output=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, check=True,
+                            timeout=60).stdout.strip()
+    return path.as_uri(), commit
+
+
+class Rows(HTMLParser):
+    """The text of every table row, and the text of elements with an id."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.ids, self._row, self._open = [], {}, None, []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tr":
+            self._row = {"benchmark": attrs.get("data-benchmark"), "cells": []}
+        if tag in ("td", "th") and self._row is not None:
+            self._row["cells"].append("")
+        self._open.append(attrs.get("id"))
+        if attrs.get("id"):
+            self.ids[attrs["id"]] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "tr" and self._row is not None:
+            self.rows.append(self._row)
+            self._row = None
+        if self._open:
+            self._open.pop()
+
+    def handle_data(self, data):
+        if self._row is not None and self._row["cells"]:
+            self._row["cells"][-1] += data
+        for name in self._open:
+            if name:
+                self.ids[name] += data
+
+
+def dom(page: Path, tmp_path: Path) -> Rows:
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                           f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = Rows()
+    parsed.feed(proc.stdout)
+    return parsed
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """Two benchmarks on a DGX B200: NVIDIA's published runs as they are, and 10% slower."""
+    tmp = tmp_path_factory.mktemp("verdict")
+    url, commit = git_repository(tmp / "training_results")
+    ws = make_workspace(tmp / "ws")
+    bench_dir = ws / "config" / "benchmarks"
+    base = yaml.safe_load((bench_dir / "llama2_lora.yaml").read_text())
+    base["implementation"]["git"].update(url=url, commit=commit)
+    for name in ("llama2_lora", "llama2_lora_slower"):
+        (bench_dir / f"{name}.yaml").write_text(yaml.safe_dump({**base, "name": name}))
+    settings = mlrepro_config.load({"benchmarks": ["llama2_lora", "llama2_lora_slower"], "system": "dgxb200",
+                                    "submitter": "mlrepro"}, ws)
+    results = ws / "results"
+    for name, factor in (("llama2_lora", 1.0), ("llama2_lora_slower", 1.1)):
+        out = results / name
+        stages.implementation(settings, name, ws / "resources" / name / "implementation.json")
+        stages.reference(settings, name, out / "reference.json")
+        runs, mllogs = [], []
+        for i, log in enumerate(sorted(NYX.glob("result_*.txt"), key=lambda p: int(p.stem[7:]))):
+            mllog = shifted(log, out / f"seed_{i + 1}" / "mllog.txt", factor)
+            stages.score_seed(settings, name, i + 1, mllog, mllog.parent / "run.json")
+            runs.append(mllog.parent / "run.json")
+            mllogs.append(mllog)
+        (out / "container.json").write_text(json.dumps({"runtime": "enroot", "tag": "mlrepro/llama2_lora:nyx",
+                                                        "image_id": "sha256:0123"}))
+        stages.score(settings, name, runs, mllogs, out / "score.json", reference_file=out / "reference.json",
+                     container_file=out / "container.json", verdict_out=out / "verdict.json",
+                     distribution=out / "plots" / "distribution.svg", report_html=out / "report.html",
+                     plot_dir=out / "plots")
+    stages.final_report(settings, [results / n / "verdict.json" for n in settings.benchmarks],
+                        results / "report.html", results / "summary.csv", results / "summary.json")
+    return ws
+
+
+def test_reference_is_fetched_at_the_pinned_commit_and_scored(workspace):
+    ref = json.loads((workspace / "results" / "llama2_lora" / "reference.json").read_text())
+    assert ref["kind"] == "published" and ref["system"] == "nyx_n1_ngc25.04_nemo" and ref["match"]["exact"]
+    assert ref["source"]["folder"] == "NVIDIA/results/nyx_n1_ngc25.04_nemo/llama2_70b_lora"
+    assert round(ref["score"]["score_minutes"], 3) == 11.275
+    assert all(r["compliance"]["pass"] for r in ref["score"]["runs"])
+    assert ref["system_desc"]["system_name"] == "Nyx (1x NVIDIA DGX B200)"
+
+
+def test_summary_csv_and_json(workspace):
+    import pandas as pd
+
+    table = pd.read_csv(workspace / "results" / "summary.csv")
+    assert list(table["benchmark"]) == ["llama2_lora", "llama2_lora_slower"]
+    assert list(table["verdict"]) == ["reproduced", "not reproduced"]
+    assert table["difference_pct"].round(1).tolist() == [0.0, 10.0]
+    assert table["reference_score_minutes"].round(3).tolist() == [11.275, 11.275]
+    records = json.loads((workspace / "results" / "summary.json").read_text())
+    assert [r["report"] for r in records] == ["llama2_lora/report.html", "llama2_lora_slower/report.html"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_verdicts_read_back_in_headless_chromium(workspace, tmp_path):
+    results = workspace / "results"
+    final = dom(results / "report.html", tmp_path)
+    rows = {r["benchmark"]: r["cells"] for r in final.rows if r["benchmark"]}
+    header = final.rows[0]["cells"]
+    col = {name: header.index(name) for name in ("benchmark", "verdict", "difference", "your score (min)",
+                                                   "reference score (min)", "report")}
+    assert rows["llama2_lora"][col["verdict"]] == "reproduced"
+    assert rows["llama2_lora"][col["difference"]] == "+0.0%"
+    assert rows["llama2_lora"][col["reference score (min)"]] == "11.275"
+    assert rows["llama2_lora_slower"][col["verdict"]] == "not reproduced"
+    assert rows["llama2_lora_slower"][col["difference"]] == "+10.0%"
+    published = json.loads((results / "summary.json").read_text())[1]["reference_score_minutes"]
+    assert rows["llama2_lora_slower"][col["your score (min)"]] == f"{published * 1.1:.3f}"
+    for name, expected, diff in (("llama2_lora", "REPRODUCED", "+0.0%"), ("llama2_lora_slower", "NOT REPRODUCED",
+                                                                           "+10.0%")):
+        page = dom(results / name / "report.html", tmp_path)
+        assert page.ids["verdict-status"] == expected and page.ids["difference"] == diff
+        assert page.ids["reference-score"] == "11.275"
+        assert "Mann-Whitney U" in page.ids["method"]
+        assert "Nyx (1x NVIDIA DGX B200)" in page.ids["environment"] and "sha256:0123" in page.ids["environment"]
+        assert "distribution-plot" in page.ids
+    slower = dom(results / "llama2_lora_slower" / "report.html", tmp_path)
+    assert re.search(r"time per sample 10\.0% higher than the reference's, beyond its runs' spread", slower.ids["reproduction"])
+
+
+def test_mini_lora_reference_runs_are_scored_like_its_seeds(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    settings = mlrepro_config.load({"benchmarks": ["mini_lora"], "system": "local"}, ws)
+    out = ws / "results" / "mini_lora" / "reference.json"
+    stages.reference(settings, "mini_lora", out)
+    ref = json.loads(out.read_text())
+    assert ref["kind"] == "reference runs" and ref["score"]["valid"] and len(ref["score"]["runs"]) == 10
+    assert ref["system_desc"]["number_of_nodes"] == "1" and ref["environment"]["runtime"] == "none"
+    # a reference folder that is not there is a configuration error naming the file and the key
+    bench = ws / "config" / "benchmarks" / "mini_lora.yaml"
+    bench.write_text(bench.read_text().replace("runs: implementations/mini_lora/reference", "runs: nowhere"))
+    with pytest.raises(mlrepro_config.ConfigError, match=r"mini_lora.yaml: reference.runs: folder 'nowhere'"):
+        mlrepro_config.load({"benchmarks": ["mini_lora"], "system": "local"}, ws)
