@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro.plan import hardware
+from mlrepro import gpus
 from mlrepro.pretrain import loss_band, megatron_log, megatron_score
 
 FIX = Path(__file__).parent / "fixtures" / "megatron"
@@ -125,11 +125,11 @@ def test_unknown_gpu_and_empty_log(tmp_path):
 
 
 def test_datasheet_peaks():
-    assert hardware.datasheet_peak_tflops("NVIDIA H200") == 989
-    assert hardware.datasheet_peak_tflops(H100) == 989
-    assert hardware.datasheet_peak_tflops("NVIDIA GB200") == 2500  # not B200's 2250
+    assert gpus.datasheet_peak_tflops("NVIDIA H200") == 989
+    assert gpus.datasheet_peak_tflops(H100) == 989
+    assert gpus.datasheet_peak_tflops("NVIDIA GB200") == 2500  # not B200's 2250
     with pytest.raises(KeyError):
-        hardware.datasheet_peak_tflops("Radeon")
+        gpus.datasheet_peak_tflops("Radeon")
 
 
 def test_loss_band_inside_and_flagged_step(tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlrepro.util.fsutil import atomic_write_json
-from mlrepro.plan import hardware
+from mlrepro.gpus import datasheet_peak_tflops
 from mlrepro.pretrain.megatron_log import TrainingLog, parse_log
 
 STEADY_SKIP = 2  # log lines left out of the steady state: iteration 1 and the first interval (warm-up, allocation)
@@ -81,7 +81,7 @@ def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None 
     peak = None
     if gpu:
         try:
-            peak = hardware.datasheet_peak_tflops(gpu)
+            peak = datasheet_peak_tflops(gpu)
         except KeyError as exc:
             reasons.append(str(exc))
     last = log.iterations[-1] if log.iterations else None
