@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mlrepro import gpus
-from mlrepro.pretrain import loss_band, megatron_log, megatron_score
+from mlrepro.scoring import loss_band, megatron_log, megatron_score
 
 FIX = Path(__file__).parent / "fixtures" / "megatron"
 SDPA = FIX / "megatron_sdpa.log"

@@ -109,7 +109,8 @@ def _finish_seed(bench: mlrepro_config.Benchmark, plan: launch.SeedPlan, log_pat
 
 
 def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:
-    from mlrepro.pretrain import megatron_plan, megatron_score, segments
+    from mlrepro.pretrain import megatron_plan, segments
+    from mlrepro.scoring import megatron_score
     from mlrepro.scoring import score as scoring
 
     bench = settings.benchmark(benchmark)

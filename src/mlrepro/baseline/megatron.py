@@ -30,7 +30,8 @@ from mlrepro.gpus import datasheet_peak_tflops
 from mlrepro.plan import memory, models, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.preflight.run import healthy_record
-from mlrepro.pretrain import megatron_launch, megatron_log, megatron_plan, megatron_score, megatron_seed
+from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_seed
+from mlrepro.scoring import megatron_log, megatron_score
 from mlrepro.util import proc
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 

@@ -138,7 +138,7 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     for r in score.get("runs") or []:
         comp = r.get("compliance") or {}
         comp_s = "not run" if not comp.get("checked") else ("pass" if comp.get("pass") else "FAIL")
-        # flags: a pretraining run's loss leaving its reference band (mlrepro.pretrain.megatron_score)
+        # flags: a pretraining run's loss leaving its reference band (mlrepro.scoring.megatron_score)
         notes = [*(f"FLAG: {f}" for f in r.get("flags") or []), *(r.get("reasons") or []),
                  *(comp.get("reasons") or [] if comp.get("checked") else []),
                  *(r.get("problems") or [])]

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Sequence
 from mlrepro.scoring import checkers
 from mlrepro.util.fsutil import atomic_write_json
 from mlrepro.scoring.mllog import ParsedLog, Record, contains_mllog, finite, parse_log
-from mlrepro.pretrain import megatron_log
+from mlrepro.scoring import megatron_log
 
 DEFAULT_RULESET = "5.0.0"
 # Our config names for the MLPerf benchmarks.
@@ -276,7 +276,7 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     path = Path(log_path)
     if rules.target_direction == "<=" and not contains_mllog(path) and megatron_log.is_training_log(path):
         # A pretraining run that logs no MLLOG: the same record, from Megatron-LM's/NeMo's own lines.
-        from mlrepro.pretrain import megatron_score
+        from mlrepro.scoring import megatron_score
 
         return megatron_score.score_training_log(path, target_loss=rules.target_value, seed=seed,
                                                  benchmark=rules.benchmark)
