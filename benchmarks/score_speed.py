@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import logs_factory as lf  # noqa: E402
 from mlrepro.scoring import score as scoring  # noqa: E402
+from mlrepro.scoring.rules import rules_for  # noqa: E402
 
 
 def best_of(n: int, fn) -> float:
@@ -138,7 +139,7 @@ def main() -> int:
         def cli():
             run([sys.executable, "-m", "mlrepro", "score", str(folder), "--benchmark", "llama2_70b_lora"])
 
-        rules = scoring.rules_for("llama2_70b_lora")
+        rules = rules_for("llama2_70b_lora")
 
         def in_process():
             scoring.score_runs(logs, rules)

@@ -169,11 +169,12 @@ def test_cli_writes_run_record(tmp_path, capsys):
 def test_band_flag_reaches_the_report():
     from mlrepro.scoring import report
     from mlrepro.scoring import score as scoring
+    from mlrepro.scoring.rules import rules_for
 
     rec = megatron_score.score_training_log(SDPA, target_loss=4.0, gpu=H100)
     bad = dict(rec, curve=[[i, v * (1.2 if i >= 150 else 1.0)] for i, v in rec["curve"]])
     megatron_score.check_reference(bad, REFERENCE)
-    rules = scoring.rules_for("gpt_126m", required_runs=1, target={"metric": "val_loss", "value": 4.0,
+    rules = rules_for("gpt_126m", required_runs=1, target={"metric": "val_loss", "value": 4.0,
                                                                    "direction": "below"})
     score = scoring.score_runs([], rules, runs=[bad], run_compliance=False)
     html = report.render_report(score, logs=[])

@@ -146,7 +146,7 @@ def test_unknown_ruleset_is_refused(capsys):
 def test_one_folder_with_benchmark_agrees_with_the_tree(tmp_path):
     """`mlrepro score FOLDER --benchmark B` (the per-run scorer) gives the tree's number for epoch-based
     benchmarks too, RCP scaling included."""
-    from mlrepro.scoring import score as scoring
+    from mlrepro.scoring.rules import rules_for
 
     table, _ = tree_score.score_tree([SAMPLE / "Dell"], ruleset="5.0.0", jobs=2)
     for bench in ("rgat", "stable_diffusion"):
@@ -162,4 +162,4 @@ def test_one_folder_with_benchmark_agrees_with_the_tree(tmp_path):
         assert abs(score["rcp"]["scaling_factor"] - row.rcp_factor) < 1e-9 and row.rcp_factor > 1
     serial, _ = tree_score.score_tree([SAMPLE / "Dell"], ruleset="5.0.0")
     assert serial.time_to_train.tolist() == table.time_to_train.tolist()
-    assert scoring.rules_for("rgat").required_runs == 10
+    assert rules_for("rgat").required_runs == 10
