@@ -55,7 +55,7 @@ def tree(root: Path, ruleset: str, jobs: int) -> int:
 
     load = os.getloadavg()[0]
 
-    from mlrepro.scoring import tree_score
+    from mlrepro.scoring import summarizer_compare
 
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     with tempfile.TemporaryDirectory(prefix="score-speed-") as tmp:
@@ -83,8 +83,8 @@ def tree(root: Path, ruleset: str, jobs: int) -> int:
         import pandas as pd
 
         ours = pd.read_csv(ours_csv)
-        official = tree_score.summarizer_rows(tmp / "official_detailed.csv")
-        both = tree_score.compare_with_summarizer(ours, official)
+        official = summarizer_compare.summarizer_rows(tmp / "official_detailed.csv")
+        both = summarizer_compare.compare_with_summarizer(ours, official)
     folders = ours["folder"].nunique()
     submitters = ours["submitter"].nunique()
     print(f"{root}: {submitters} submitters, {folders} benchmark folders, MLPerf training {ruleset}")

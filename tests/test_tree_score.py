@@ -20,7 +20,7 @@ import pytest
 
 from mlrepro import cli
 from mlrepro.scoring import report
-from mlrepro.scoring import tree_score
+from mlrepro.scoring import summarizer_compare, tree_score
 
 SAMPLE = Path(__file__).parent / "fixtures" / "mlperf_v5_sample"
 SUBMITTERS = ["AMD", "ASUSTeK", "Dell", "NVIDIA", "tinycorp"]
@@ -43,7 +43,7 @@ def _official(tree: Path, workdir: Path) -> pd.DataFrame:
     proc = subprocess.run([sys.executable, "-m", "mlperf_logging.result_summarizer", f"{copy}/{{*}}", "training",
                            "5.0.0", "--csv", str(csv)], cwd=workdir, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    official = tree_score.summarizer_rows(workdir / "official_detailed.csv")
+    official = summarizer_compare.summarizer_rows(workdir / "official_detailed.csv")
     # Its URLs name the submitter and system file, not the folder it read: the same in both.
     return official
 
@@ -67,7 +67,7 @@ def test_every_result_equals_the_official_summarizer(sample_with_a_failed_folder
     assert _tree_digest(tree) == before, "scoring must not write into the tree"
     official = _official(tree, tmp_path)
 
-    both = tree_score.compare_with_summarizer(ours, official)
+    both = summarizer_compare.compare_with_summarizer(ours, official)
     assert len(both) == 9 and both["same"].all(), both[~both["same"]].to_string()
     assert set(ours["benchmark"]) == {"bert", "dlrm_dcnv2", "retinanet", "stable_diffusion", "llama2_70b_lora",
                                       "rgat", "llama31_405b"}
