@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlrepro.scoring import rules as scoring_rules
 from mlrepro.scoring import tree_score
 from mlrepro.scoring.logs import collect_logs
-from mlrepro.scoring.rules import ALIASES, DEFAULT_RULESET, RulesError, is_mlperf, rules_for
+from mlrepro.scoring.rules import ALIASES, DEFAULT_RULESET, USAGE, RulesError, UnknownRules, is_mlperf, rules_for
 from mlrepro.scoring.score import score_runs
 from mlrepro.util.fsutil import atomic_write_json
 
@@ -107,26 +106,27 @@ def format_summary(score: dict) -> str:
 
 def score_trees(args: argparse.Namespace) -> int:
     """``mlrepro score TREE...`` (no --benchmark): the whole-tree table."""
-    ruleset = args.ruleset or scoring_rules.DEFAULT_RULESET
+    ruleset = args.ruleset or DEFAULT_RULESET
     t0 = time.perf_counter()
     try:
-        table, rows = tree_score.score_tree(args.paths, ruleset=ruleset, jobs=max(1, int(getattr(args, "jobs", 1) or 1)))
-    except scoring_rules.UnknownRules as exc:
+        jobs = max(1, int(getattr(args, "jobs", 1) or 1))
+        table, rows = tree_score.score_tree(args.paths, ruleset=ruleset, jobs=jobs)
+    except UnknownRules as exc:
         print(f"mlrepro score: {exc}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - t0
     try:
-        tree_score.write_outputs(table, rows, csv=args.csv, json_path=args.json, ruleset=ruleset, usage=scoring_rules.USAGE,
-                      seconds=seconds)
+        tree_score.write_outputs(table, rows, csv=args.csv, json_path=args.json, ruleset=ruleset, usage=USAGE,
+                                 seconds=seconds)
         if getattr(args, "html", None):
             from mlrepro.scoring import report
 
-            report.write_tree_report(table, args.html, title=f"MLPerf {scoring_rules.USAGE} {ruleset} results")
+            report.write_tree_report(table, args.html, title=f"MLPerf {USAGE} {ruleset} results")
     except OSError as exc:
         print(f"mlrepro score: cannot write: {exc}", file=sys.stderr)
         return 1
     print(tree_score.format_table(table))
     scored = int(table["time_to_train"].notna().sum())
     print(f"\n{len(table)} rows, {scored} with a score, {int(table['valid'].astype(bool).sum())} valid "
-          f"({seconds:.1f} s, MLPerf {scoring_rules.USAGE} {ruleset})")
+          f"({seconds:.1f} s, MLPerf {USAGE} {ruleset})")
     return 0 if len(table) and bool(table["valid"].astype(bool).all()) else 1

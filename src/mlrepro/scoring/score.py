@@ -15,7 +15,9 @@ passes. The factor is always computed from the runs, never read from a
 scaling.json.
 
 A benchmark without an MLPerf ruleset (mini_lora) gets the generic checks:
-run_start and run_stop present, status success, target met.
+run_start and run_stop present, status success, target met. A log without MLLOG
+that holds Megatron-LM or NeMo training lines is scored by scoring.megatron_score
+into the same record. The rules applied come from scoring.rules.
 """
 
 from __future__ import annotations
