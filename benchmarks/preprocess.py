@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from mlrepro.corpus import minicorpus  # noqa: E402
-from mlrepro.corpus.indexed import IndexedReader  # noqa: E402
+from mlrepro.formats.indexed import IndexedReader  # noqa: E402
 
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
 SITECUSTOMIZE = '''import typing

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import logs_factory as lf  # noqa: E402
 from mlrepro.scoring import score as scoring  # noqa: E402
+from mlrepro.scoring.rules import rules_for  # noqa: E402
 
 
 def best_of(n: int, fn) -> float:
@@ -54,7 +55,7 @@ def tree(root: Path, ruleset: str, jobs: int) -> int:
 
     load = os.getloadavg()[0]
 
-    from mlrepro.scoring import tree_score
+    from mlrepro.scoring import summarizer_compare
 
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     with tempfile.TemporaryDirectory(prefix="score-speed-") as tmp:
@@ -82,8 +83,8 @@ def tree(root: Path, ruleset: str, jobs: int) -> int:
         import pandas as pd
 
         ours = pd.read_csv(ours_csv)
-        official = tree_score.summarizer_rows(tmp / "official_detailed.csv")
-        both = tree_score.compare_with_summarizer(ours, official)
+        official = summarizer_compare.summarizer_rows(tmp / "official_detailed.csv")
+        both = summarizer_compare.compare_with_summarizer(ours, official)
     folders = ours["folder"].nunique()
     submitters = ours["submitter"].nunique()
     print(f"{root}: {submitters} submitters, {folders} benchmark folders, MLPerf training {ruleset}")
@@ -138,7 +139,7 @@ def main() -> int:
         def cli():
             run([sys.executable, "-m", "mlrepro", "score", str(folder), "--benchmark", "llama2_70b_lora"])
 
-        rules = scoring.rules_for("llama2_70b_lora")
+        rules = rules_for("llama2_70b_lora")
 
         def in_process():
             scoring.score_runs(logs, rules)

@@ -18,10 +18,13 @@ dropout, one thread per rank), so a chained run ends exactly as an uninterrupted
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import re
+import shutil
 import signal
 import sys
 import time
@@ -96,6 +99,38 @@ class Settings:
 # ---------------------------------------------------------------- data
 
 
+# Megatron's indexed dataset, as megatron/core/datasets/indexed_dataset.py writes it: the .idx holds
+# the 9-byte magic, u64 version 1, a u8 dtype code, u64 sequence and document counts, then the
+# int32 sequence lengths (pointers and document indices follow); the .bin holds the token ids back
+# to back. The trainer needs every token in order, so it reads the header and the lengths and maps
+# the .bin. Its own reader, not megatron-core's IndexedDataset: importing that takes seconds per rank
+# and all of megatron.core, and a trainer imports nothing from mlrepro.
+INDEX_MAGIC = b"MMIDIDX\x00\x00"
+INDEX_DTYPES = {1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 6: "<f8", 7: "<f4", 8: "<u2"}
+
+
+def read_tokens(prefix: Path):
+    """Every token id of the Megatron dataset `prefix` (.bin/.idx), in order, as a read-only memmap."""
+    import struct
+
+    import numpy as np
+
+    idx, bin_path = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    with open(idx, "rb") as fh:
+        head = fh.read(34)
+        if head[:9] != INDEX_MAGIC:
+            raise UsageError(f"{idx}: not a Megatron index (magic {head[:9]!r})")
+        version, code, sequences = struct.unpack_from("<QBQ", head, 9)
+        if version != 1 or code not in INDEX_DTYPES:
+            raise UsageError(f"{idx}: version {version}, dtype code {code}: not a Megatron index this trainer reads")
+        lengths = np.fromfile(fh, "<i4", sequences)
+    dtype = np.dtype(INDEX_DTYPES[code])
+    size = int(lengths.astype(np.int64).sum()) * dtype.itemsize
+    if len(lengths) != sequences or bin_path.stat().st_size != size:
+        raise UsageError(f"{bin_path}: {bin_path.stat().st_size} bytes, its index describes {size}")
+    return np.memmap(bin_path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
+
+
 def load_blend(data_dir: Path, seq: int, eval_samples: int):
     """(train, validation, weights) from data_prefix.json: per dataset, windows of seq+1 tokens.
 
@@ -103,8 +138,6 @@ def load_blend(data_dir: Path, seq: int, eval_samples: int):
     for every seed; the rest are the training samples.
     """
     import numpy as np
-
-    from mlrepro.corpus.indexed import IndexedReader
 
     blend_file = data_dir / "data_prefix.json"
     if not blend_file.is_file():
@@ -115,7 +148,7 @@ def load_blend(data_dir: Path, seq: int, eval_samples: int):
     train, val = [], []
     for weight, name in zip(weights, prefix[1::2]):
         path = Path(name) if Path(name).is_absolute() else data_dir / "preprocessed" / Path(name).name
-        tokens = np.asarray(IndexedReader(path).tokens, dtype=np.int64)
+        tokens = np.asarray(read_tokens(path), dtype=np.int64)
         windows = tokens[: len(tokens) // (seq + 1) * (seq + 1)].reshape(-1, seq + 1)
         n_val = max(1, round(eval_samples * weight / total))
         if len(windows) <= n_val:
@@ -215,6 +248,66 @@ class Mllog:
             getattr(self.logger, kind)(key=key, value=value, metadata=metadata or None,
                                        time_ms=self.start_ms + int(1000 * self.clock_s()))
             sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- checkpoint folders
+
+
+# A checkpoint is <CHECKPOINT_DIR>/step_<NNNNNNNN>/ with state.pt and meta.json ({"step", "val_loss",
+# ...}), written under a temporary name and renamed into place: a folder with meta.json is complete.
+# mlrepro's chain of segments reads the same folders (mlrepro.formats.checkpoints) to see how far a
+# seed got; this trainer writes them with its own code, as it imports nothing from mlrepro.
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoints(folder: Path) -> list[tuple[int, Path, float | None]]:
+    """(step, folder, val_loss) of each complete checkpoint, oldest first."""
+    found = []
+    for entry in Path(folder).glob("step_*"):
+        m = STEP_DIR.match(entry.name)
+        if m and (entry / "meta.json").is_file():
+            try:
+                found.append((int(m.group(1)), entry, json.loads((entry / "meta.json").read_text()).get("val_loss")))
+            except (ValueError, OSError):
+                continue
+    return sorted(found, key=lambda c: c[0])
+
+
+def save_checkpoint(folder: Path, step: int, write, meta: dict) -> Path:
+    """`write(tmp)` fills a temporary folder; meta.json is added, everything synced, then it is renamed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final, tmp = folder / f"step_{step:08d}", folder / f".tmp_step_{step:08d}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    write(tmp)
+    (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}))
+    for path in tmp.iterdir():
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():  # a segment that died after this step was saved redoes it identically
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return final
+
+
+def prune_checkpoints(folder: Path, keep_last: int, keep_best: int) -> None:
+    """Keep the last `keep_last` and the best `keep_best` by validation loss (seed 001 keeps the top 10
+    by val_loss plus the last), never the newest; remove the rest and leftovers of interrupted saves."""
+    found = checkpoints(folder)
+    keep = {c[0] for c in found[-keep_last:]} if keep_last > 0 else set()
+    scored = sorted((c for c in found if c[2] is not None), key=lambda c: (c[2], -c[0]))
+    keep |= {c[0] for c in scored[:keep_best]} if keep_best > 0 else set()
+    if found:
+        keep.add(found[-1][0])  # the one a resume starts from
+    for step, path, _ in found:
+        if step not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+    for tmp in folder.glob(".tmp_step_*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- training
@@ -367,13 +460,11 @@ class Run:
         import torch
         import torch.distributed as dist
 
-        from mlrepro.pretrain import checkpoints
-
         if self.rank == 0 and self.s.ckpt_dir is not None:
             payload = self.state(log)
-            checkpoints.save(self.s.ckpt_dir, self.step, lambda d: torch.save(payload, d / "state.pt"),
-                             {"val_loss": self.eval_loss, "samples": self.step * self.gbs, "clock_s": payload["clock_s"]})
-            checkpoints.prune(self.s.ckpt_dir, self.s.keep_last, self.s.keep_best)
+            save_checkpoint(self.s.ckpt_dir, self.step, lambda d: torch.save(payload, d / "state.pt"),
+                            {"val_loss": self.eval_loss, "samples": self.step * self.gbs, "clock_s": payload["clock_s"]})
+            prune_checkpoints(self.s.ckpt_dir, self.s.keep_last, self.s.keep_best)
         if self.distributed:
             dist.barrier()
 
@@ -384,16 +475,15 @@ def start(s: Settings, run: Run, rank: int):
     import torch.distributed as dist
     from mlperf_logging.mllog import constants as C
 
-    from mlrepro.pretrain import checkpoints
-
-    resume = checkpoints.latest(s.ckpt_dir) if s.ckpt_dir else None
+    found = checkpoints(s.ckpt_dir) if s.ckpt_dir else []
+    resume = found[-1][1] if found else None
     if resume is not None:
-        state = torch.load(resume.path / "state.pt", weights_only=False)
+        state = torch.load(resume / "state.pt", weights_only=False)
         log = Mllog(rank, state["run_start_ms"], state["clock_s"], state["mllog"])
         run.restore(state)
         if rank == 0:
             print("\n".join(log.lines), flush=True)  # the log up to the checkpoint, as it was
-            print(f"mini_gpt: resuming from {resume.path} (step {run.step})", file=sys.stderr, flush=True)
+            print(f"mini_gpt: resuming from {resume} (step {run.step})", file=sys.stderr, flush=True)
         log.t0 = time.monotonic()  # the time to load and rebuild is not training time
         return log
     log = Mllog(rank, int(time.time() * 1000), 0.0, [])

@@ -13,7 +13,7 @@ import sys
 import mlrepro
 
 COMMANDS = {
-    "score": ("mlrepro.scoring.score", "score MLPerf logs (files or folders) as MLCommons would"),
+    "score": ("mlrepro.scoring.cli", "score MLPerf logs (files or folders) as MLCommons would"),
     "status": ("mlrepro.status", "show each seed's state for a results/<benchmark> folder"),
     "cluster": ("mlrepro.slurm.testcluster", "start, stop or show a local Slurm cluster on this machine"),
     "plan": ("mlrepro.plan.cli", "choose TP/PP/CP/DP, batch and recompute for a benchmark or GPT size on a system"),

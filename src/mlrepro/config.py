@@ -199,16 +199,6 @@ class Benchmark:
         """Planned and launched by mlrepro.pretrain (no published config_<SYS>.sh)."""
         return self.pretrain is not None
 
-    def scoring_rules(self):
-        """The scoring rules of this benchmark (see mlrepro.scoring.score)."""
-        from mlrepro.scoring import score as scoring
-
-        return scoring.rules_for(
-            self.mlperf_benchmark or self.name,
-            ruleset=self.ruleset,
-            required_runs=self.required_runs,
-            target=self.target,
-        )
 
 
 def benchmark_names(root: Path) -> list[str]:

@@ -109,11 +109,12 @@ def _finish_seed(bench: mlrepro_config.Benchmark, plan: launch.SeedPlan, log_pat
 
 
 def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:
-    from mlrepro.pretrain import megatron_plan, megatron_score, segments
+    from mlrepro.pretrain import megatron_plan, segments
+    from mlrepro.scoring import megatron_score, rules as scoring_rules
     from mlrepro.scoring import score as scoring
 
     bench = settings.benchmark(benchmark)
-    rules = bench.scoring_rules()
+    rules = scoring_rules.for_benchmark(bench)
     if bench.is_pretrain:
         # Megatron-LM's own log: MFU against the system's GPU, the ranks the planner gave the seed.
         gpus = megatron_plan.first_fit(settings.root, bench, settings.system.name).layout.gpus
@@ -131,10 +132,10 @@ def score(settings, benchmark: str, run_files: list[Path], mllogs: list[Path], o
           reference_file: Path, container_file: Path, verdict_out: Path, distribution: Path,
           report_html: Path, plot_dir: Path) -> None:
     """score.json of the seeds' runs, its verdict against the reference, and the report that shows both."""
-    from mlrepro.scoring import score as scoring
+    from mlrepro.scoring import rules as scoring_rules, score as scoring
 
     runs = [json.loads(Path(p).read_text()) for p in run_files]
-    result = scoring.score_runs(mllogs, settings.benchmark(benchmark).scoring_rules(), runs=runs)
+    result = scoring.score_runs(mllogs, scoring_rules.for_benchmark(settings.benchmark(benchmark)), runs=runs)
     atomic_write_json(out, result)
     verdict(settings, benchmark, out, reference_file, container_file, verdict_out, distribution)
     report(settings, benchmark, out, mllogs, report_html, plot_dir, verdict_out)
@@ -156,10 +157,10 @@ def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: 
 
 def reference(settings, benchmark: str, out: Path) -> None:
     """What the benchmark's runs are compared with, scored like them (see mlrepro.scoring.reference)."""
-    from mlrepro.scoring import reference as references
+    from mlrepro.scoring import reference as references, rules as scoring_rules
 
     bench = settings.benchmark(benchmark)
-    rules = bench.scoring_rules()
+    rules = scoring_rules.for_benchmark(bench)
     if bench.reference:
         ref = references.local_reference(bench.reference["runs"], rules, bench.reference["description"])
     elif bench.implementation_git and bench.mlperf_benchmark:

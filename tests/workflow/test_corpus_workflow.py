@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro.corpus import indexed, minicorpus, shards
+from mlrepro.corpus import minicorpus, shards
+from mlrepro.formats import indexed
 from workspace import make_workspace, planned_jobs, run_snakemake, wait_for
 
 MINI = "resources/corpora/mini_corpus"

@@ -10,7 +10,8 @@ import shlex
 import numpy as np
 import pytest
 
-from mlrepro.corpus import blend, indexed
+from mlrepro.corpus import blend
+from mlrepro.formats import indexed
 from workspace import make_workspace, planned_jobs, run_snakemake
 
 pytestmark = [pytest.mark.slow]

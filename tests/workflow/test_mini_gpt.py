@@ -17,7 +17,8 @@ import yaml
 from mlrepro.scoring import mllog
 from mlrepro.slurm import client as slurm
 from mlrepro.corpus import minicorpus
-from mlrepro.pretrain import checkpoints, progress
+from mlrepro.formats import checkpoints
+from mlrepro.pretrain import progress
 from workspace import make_workspace, planned_jobs, run_snakemake, snakemake_cmd, wait_for
 
 pytestmark = pytest.mark.slow

@@ -25,10 +25,10 @@ rule baseline_megatron:
         preflight="results/preflight/{system}/preflight.json",
         previous=previous_megatron_run,
     output:
-        json=f"{layout.MEGATRON_BASELINE_PATTERN}.json",
+        json=f"{paths.MEGATRON_BASELINE_PATTERN}.json",
     log:
         stage="logs/baseline/{system}/megatron_{precision}.log",
-        megatron=f"{layout.MEGATRON_BASELINE_PATTERN}.log",
+        megatron=f"{paths.MEGATRON_BASELINE_PATTERN}.log",
     wildcard_constraints:
         precision="bf16|fp16|fp8",
     params:

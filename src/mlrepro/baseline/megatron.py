@@ -26,10 +26,12 @@ import math
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro.plan import hardware, memory, models, workloads
+from mlrepro.gpus import datasheet_peak_tflops
+from mlrepro.plan import memory, models, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.preflight.run import healthy_record
-from mlrepro.pretrain import megatron_launch, megatron_log, megatron_plan, megatron_score, megatron_seed
+from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_seed
+from mlrepro.scoring import megatron_log, megatron_score
 from mlrepro.util import proc
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
@@ -139,7 +141,7 @@ def row_from_log(log_path: Path, *, model: str, precision: str, lay: Layout, gpu
     peak = None
     if gpu:
         try:
-            peak = hardware.datasheet_peak_tflops(gpu)
+            peak = datasheet_peak_tflops(gpu)
         except KeyError:
             peak = None
     t = megatron_score.throughput(parsed, gpus=lay.gpus, seq_length=shape.seq, peak_tflops=peak)

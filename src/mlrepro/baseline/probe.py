@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import time
 
-from mlrepro.plan import hardware, memory, models
+from mlrepro import gpus
+from mlrepro.plan import memory, models
 from mlrepro.plan.layout import Layout
 from mlrepro.plan.workloads import Training, Workload
 
@@ -122,7 +123,7 @@ def measure(model_name: str, precision: str = "bf16", mbs: int = 16, steps: int 
     compile_s, dt, static, loss = t["warmup_s"], t["step_s"], t["static_bytes"], t["loss"]
     peak = t["peak_bytes"] / GIB
     gpu = torch.cuda.get_device_name(0)
-    ref = hardware.gpu_model(gpu)
+    ref = gpus.gpu_model(gpu)
     peak_tflops = ref.peak_tflops_bf16 if ref else float("nan")
     gbs = mbs * ga
     tflops = flops.megatron(shape, gbs) / dt / 1e12

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlrepro.corpus.indexed import IndexedReader
+from mlrepro.formats.indexed import IndexedReader
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
 

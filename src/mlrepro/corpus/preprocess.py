@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from mlrepro.corpus import indexed
+from mlrepro.formats import indexed
 from mlrepro.corpus import tokenizer as tokenizers_mod
 
 log = logging.getLogger(__name__)

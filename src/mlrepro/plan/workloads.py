@@ -82,7 +82,7 @@ def _samples(benchmark: str, ruleset: str, gbs: int) -> float | None:
 def _rcp_curve(benchmark: str, ruleset: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     from mlrepro.scoring import checkers
 
-    checker = checkers._rcp_checker(benchmark, ruleset, checkers.USAGE)
+    checker = checkers.rcp_checker_for(benchmark, ruleset)
     records = sorted(checker.rcp_data.values(), key=lambda r: r["BS"])
     return tuple(float(r["BS"]) for r in records), tuple(float(r["RCP Mean"]) for r in records)
 

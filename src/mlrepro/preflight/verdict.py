@@ -1,8 +1,8 @@
-"""pass/warn/fail per check, per GPU and per host against the references per GPU model (mlrepro.plan.hardware)."""
+"""pass/warn/fail per check, per GPU and per host against the references per GPU model (mlrepro.gpus)."""
 
 from __future__ import annotations
 
-from mlrepro.plan import hardware
+from mlrepro import gpus
 from mlrepro.preflight import NA
 
 RANK = {"pass": 0, NA: 0, "warn": 1, "fail": 2}
@@ -29,7 +29,7 @@ def _grade(value: float, reference: float, measured: bool) -> str:
 
 def judge_gpu(gpu: dict, findings: list[tuple[str, str]]) -> tuple[str, str]:
     """(verdict, why) of one GPU from its matmul and copy figures and its health findings."""
-    model = hardware.gpu_model(gpu.get("name"))
+    model = gpus.gpu_model(gpu.get("name"))
     parts = list(findings)
     for key, label, unit, measured, peak in (
         ("matmul_bf16_tflops", "bf16 matmul", "TFLOP/s", model and model.measured_matmul_tflops, model and model.peak_tflops_bf16),
@@ -58,7 +58,7 @@ def judge_allreduce(rows: list[dict], gpu_name: str | None, ranks: int, span: st
     name = "allreduce_busbw"
     if not rows:
         return {"name": name, "verdict": NA, "why": "no all_reduce measured (fewer than 2 GPUs)"}
-    model = hardware.gpu_model(gpu_name)
+    model = gpus.gpu_model(gpu_name)
     if model is None:
         return {"name": name, "verdict": "warn", "why": f"no reference for {gpu_name!r}"}
     measured = model.measured_busbw_gbs.get(ranks, {})

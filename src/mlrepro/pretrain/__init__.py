@@ -1,1 +1,1 @@
-"""Pretraining runs: Megatron-LM plans, launch lines and log scoring; checkpointed segments chained into one seed; live progress."""
+"""Pretraining runs: Megatron-LM plans and launch lines; checkpointed segments chained into one seed; live progress."""

@@ -2,7 +2,7 @@
 
 The model and parallel-layout flags come from the planner (`plan.writer.megatron_args`); this adds
 what a run needs besides: the blend (`--data-path` from the corpus stages' data_prefix), the
-tokenizer files, iterations, the logging that `pretrain.megatron_log` scores, and the flags that
+tokenizer files, iterations, the logging that `scoring.megatron_log` parses, and the flags that
 let Megatron-LM run without Transformer Engine or apex (`--transformer-impl local`, fusions off).
 Two launchers: torchrun for one machine, and srun (one task per GPU, pyxis container flags) for
 NVIDIA's run.sub.

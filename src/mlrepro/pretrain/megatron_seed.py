@@ -6,7 +6,7 @@ failure.json, retries): run_and_time.sh of implementations/megatron_gpt under su
 machine the planner's torchrun line (written to the seed's launch.sh, which run_and_time.sh
 executes in the Megatron-LM checkout), on Slurm the per-rank pretrain_gpt.py arguments that
 run.sub's srun hands to run_and_time.sh. The data is the corpus stages' blend and tokenizer;
-the log kept as the seed's log is Megatron-LM's own (scored by mlrepro.pretrain.megatron_score).
+the log kept as the seed's log is Megatron-LM's own (scored by mlrepro.scoring.megatron_score).
 
 The workflow's `pretrain:` settings (config.yaml or --config) shorten a run for a measurement:
 train_iters, gbs, mbs, attention (local | sdpa), megatron (a Megatron-LM folder or .tar.gz
@@ -25,7 +25,8 @@ from pathlib import Path
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.launch import plan as launch
-from mlrepro.pretrain import megatron_launch, megatron_log, megatron_plan, megatron_source
+from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_source
+from mlrepro.scoring import megatron_log
 from mlrepro.util.fsutil import atomic_dir, atomic_write_text
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from typing import Callable
 
 from mlrepro import paths
 from mlrepro.util.fsutil import atomic_write_json
-from mlrepro.pretrain import checkpoints
+from mlrepro.formats import checkpoints
 
 STATE = "segments.json"
 CHECKPOINTS = "checkpoints"

@@ -152,7 +152,8 @@ class RcpRun:
 
 
 @lru_cache(maxsize=16)
-def _rcp_checker(benchmark: str, ruleset: str, usage: str):
+def rcp_checker_for(benchmark: str, ruleset: str, usage: str = USAGE):
+    """mlperf_logging's RCP_Checker of a benchmark (its reference convergence points), built once."""
     from mlperf_logging.rcp_checker import rcp_checker
 
     with scratch_dir():
@@ -174,7 +175,7 @@ def check_rcp(runs: Sequence[RcpRun], *, benchmark: str, ruleset: str, usage: st
     try:
         import numpy as np
 
-        checker = _rcp_checker(benchmark, ruleset, usage)
+        checker = rcp_checker_for(benchmark, ruleset, usage)
     except Exception as exc:  # unknown benchmark or ruleset, missing RCP file
         out["reason"] = f"no RCP data for {benchmark} in {usage} {ruleset} ({type(exc).__name__}: {exc})"
         return out

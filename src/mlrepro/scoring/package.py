@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mlrepro.util.fsutil import atomic_dir
 from mlrepro.scoring.mllog import parse_log
-from mlrepro.scoring.score import ALIASES, DEFAULT_RULESET, MLPERF_TARGETS
+from mlrepro.scoring.rules import ALIASES, DEFAULT_RULESET, MLPERF_TARGETS
 
 # Fields mlperf_logging's system_desc_checker requires (4.1.x, training).
 SYSTEM_FIELDS = (

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mlrepro.scoring import score as scoring
+from mlrepro.scoring.logs import collect_logs
+from mlrepro.scoring.rules import Rules
 
 # How each kind of reference is described to the reader.
 PUBLISHED = "published"
@@ -110,7 +112,7 @@ def choose_published(chosen_system: str, nodes: int, gpus_per_node: int, acceler
     return {"system": name, "exact": not differences, "because": because, "differences": differences}
 
 
-def score_reference(logs: Iterable[str | os.PathLike], rules: scoring.Rules) -> dict:
+def score_reference(logs: Iterable[str | os.PathLike], rules: Rules) -> dict:
     """The reference runs scored exactly as the user's runs are (score_runs, compliance included)."""
     logs = list(logs)
     if not logs:
@@ -119,14 +121,14 @@ def score_reference(logs: Iterable[str | os.PathLike], rules: scoring.Rules) -> 
 
 
 def _log_files(folder: Path) -> list[Path]:
-    files, notes = scoring.collect_logs([folder])
+    files, notes = collect_logs([folder])
     if not files:
         raise ReferenceError(f"no MLLOG logs in {folder}" + (f" ({'; '.join(notes)})" if notes else ""))
     return files
 
 
 def fetch_published(git: dict, chosen_system: str, nodes: int, gpus_per_node: int, accelerator: str | None,
-                    rules: scoring.Rules, dest: Path) -> dict:
+                    rules: Rules, dest: Path) -> dict:
     """Fetch the submitter's systems and the chosen system's result logs at the pinned commit; score them."""
     from mlrepro.implementation import fetch as implementation
 
@@ -162,7 +164,7 @@ def fetch_published(git: dict, chosen_system: str, nodes: int, gpus_per_node: in
     }
 
 
-def local_reference(runs: Path, rules: scoring.Rules, description: str) -> dict:
+def local_reference(runs: Path, rules: Rules, description: str) -> dict:
     """Reference runs shipped with a benchmark (a known-good machine's logs, not an MLPerf publication).
 
     Beside the logs, `system.json` describes that machine and `environment.json` holds its

@@ -8,44 +8,13 @@ so the page needs nothing beside it.
 
 from __future__ import annotations
 
-import html
-import io
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from mlrepro.scoring.page import CSS, escape, inline_svg, number, plt
 from mlrepro.util.fsutil import atomic_write_text
 from mlrepro.scoring.mllog import parse_log
-
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-h1{margin-bottom:.2em} .verdict{font-size:1.4em;padding:.6em 1em;border-radius:6px;margin:1em 0}
-.valid{background:#e3f6e5;border:1px solid #3a3} .invalid{background:#fde8e8;border:1px solid #c33}
-table{border-collapse:collapse;margin:1em 0;font-size:.92em} td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
-th{background:#f3f3f3} .bad{color:#b00} .ok{color:#070} figure{margin:1em 0} .small{color:#666;font-size:.85em}
-"""
-
-
-def _e(x: Any) -> str:
-    return html.escape("-" if x is None else str(x))
-
-
-def _num(x: Any, spec: str = ".3f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _svg(fig) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and doctype
-
 
 def _evals_by_run(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None) -> list[tuple[str, list]]:
     metric = score["target"]["metric"]
@@ -83,7 +52,7 @@ def _eval_plot(score: dict, series: list[tuple[str, list]]) -> str:
     ax.set_title(f"{t['metric']} against samples, every seed")
     ax.grid(alpha=.3)
     ax.legend(fontsize=7, ncol=2)
-    return _svg(fig)
+    return inline_svg(fig)
 
 
 def _time_plot(score: dict) -> str:
@@ -101,7 +70,7 @@ def _time_plot(score: dict) -> str:
     ax.set_ylabel("time to train (minutes)")
     ax.set_title("time to train per seed")
     ax.grid(axis="y", alpha=.3)
-    return _svg(fig)
+    return inline_svg(fig)
 
 
 def plots(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None) -> dict[str, str]:
@@ -120,16 +89,16 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     t = score["target"]
     rules = (f"MLPerf Training {score.get('ruleset')} ({score.get('mlperf_benchmark')})"
              if score.get("mlperf_benchmark") else "no MLPerf ruleset: generic checks")
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(score['benchmark'])} score</title>",
-             f"<style>{_CSS}</style></head><body>",
-             f"<h1>{_e(score['benchmark'])}</h1><div class='small'>{_e(rules)}; target {_e(t['metric'])} "
-             f"{_e(t['direction'])} {_e(t['value'])}; {_e(score.get('required_runs'))} runs required</div>",
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(score['benchmark'])} score</title>",
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>{escape(score['benchmark'])}</h1><div class='small'>{escape(rules)}; target {escape(t['metric'])} "
+             f"{escape(t['direction'])} {escape(t['value'])}; {escape(score.get('required_runs'))} runs required</div>",
              f"<div class='verdict {'valid' if valid else 'invalid'}' id='score'>score "
-             f"<b>{_num(score.get('score_minutes'))}</b> minutes &mdash; {'VALID' if valid else 'NOT VALID'}"
-             f"<div class='small'>olympic mean {_num(score.get('olympic_minutes'))} min &times; RCP scaling "
-             f"{_num(score['rcp'].get('scaling_factor'), '.6f')}</div></div>"]
+             f"<b>{number(score.get('score_minutes'))}</b> minutes &mdash; {'VALID' if valid else 'NOT VALID'}"
+             f"<div class='small'>olympic mean {number(score.get('olympic_minutes'))} min &times; RCP scaling "
+             f"{number(score['rcp'].get('scaling_factor'), '.6f')}</div></div>"]
     if score.get("reasons"):
-        parts.append("<h3>Why not valid</h3><ul>" + "".join(f"<li class='bad'>{_e(r)}</li>" for r in score["reasons"])
+        parts.append("<h3>Why not valid</h3><ul>" + "".join(f"<li class='bad'>{escape(r)}</li>" for r in score["reasons"])
                      + "</ul>")
     if verdict_html:
         parts.append(verdict_html)
@@ -138,16 +107,16 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     for r in score.get("runs") or []:
         comp = r.get("compliance") or {}
         comp_s = "not run" if not comp.get("checked") else ("pass" if comp.get("pass") else "FAIL")
-        # flags: a pretraining run's loss leaving its reference band (mlrepro.pretrain.megatron_score)
+        # flags: a pretraining run's loss leaving its reference band (mlrepro.scoring.megatron_score)
         notes = [*(f"FLAG: {f}" for f in r.get("flags") or []), *(r.get("reasons") or []),
                  *(comp.get("reasons") or [] if comp.get("checked") else []),
                  *(r.get("problems") or [])]
         parts.append(
-            f"<tr><td>{_e(r.get('seed'))}</td><td>{_num(r.get('minutes'))}</td><td>{_e(r.get('status'))}</td>"
-            f"<td>{_e(r.get('samples_to_converge'))}</td><td class='{'ok' if comp.get('pass') else 'bad'}'>"
-            f"{_e(comp_s)}</td><td class='{'ok' if r.get('counted') else 'bad'}'>"
-            f"{'yes' if r.get('counted') else 'no'}</td><td>{'<br>'.join(_e(n) for n in notes[:8])}</td>"
-            f"<td class='small'>{_e('/'.join(Path(str(r.get('file'))).parts[-2:]))}</td></tr>")
+            f"<tr><td>{escape(r.get('seed'))}</td><td>{number(r.get('minutes'))}</td><td>{escape(r.get('status'))}</td>"
+            f"<td>{escape(r.get('samples_to_converge'))}</td><td class='{'ok' if comp.get('pass') else 'bad'}'>"
+            f"{escape(comp_s)}</td><td class='{'ok' if r.get('counted') else 'bad'}'>"
+            f"{'yes' if r.get('counted') else 'no'}</td><td>{'<br>'.join(escape(n) for n in notes[:8])}</td>"
+            f"<td class='small'>{escape('/'.join(Path(str(r.get('file'))).parts[-2:]))}</td></tr>")
     parts.append("</table>")
     parts.append(_segments_html(score.get("runs") or []))
     parts.append(f"<h2>Convergence</h2><figure id='eval-plot'>{figures['convergence']}</figure>")
@@ -159,10 +128,10 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     parts.append("<h2>Verdicts</h2><table id='verdicts'>"
                  f"<tr><th>compliance checker</th><td>{comp_pass} of {len(n_comp)} checked runs pass"
                  f"{'' if n_comp else ' (no MLPerf ruleset, not run)'}</td></tr>"
-                 f"<tr><th>RCP check</th><td>{rcp_s}: {_e(rcp.get('reason'))}</td></tr>"
-                 f"<tr><th>RCP mean / submission mean</th><td>{_e(rcp.get('rcp_mean'))} / "
-                 f"{_e(rcp.get('submission_mean'))} samples</td></tr>"
-                 f"<tr><th>scaling factor</th><td>{_num(rcp.get('scaling_factor'), '.6f')}</td></tr></table>")
+                 f"<tr><th>RCP check</th><td>{rcp_s}: {escape(rcp.get('reason'))}</td></tr>"
+                 f"<tr><th>RCP mean / submission mean</th><td>{escape(rcp.get('rcp_mean'))} / "
+                 f"{escape(rcp.get('submission_mean'))} samples</td></tr>"
+                 f"<tr><th>scaling factor</th><td>{number(rcp.get('scaling_factor'), '.6f')}</td></tr></table>")
     parts.append("</body></html>\n")
     return "".join(parts)
 
@@ -173,10 +142,10 @@ def _segments_html(runs: list[dict]) -> str:
     if not chained:
         return ""
     rows = "".join(
-        f"<tr><td>{_e(r.get('seed'))}</td><td>{_e(s.get('index'))}</td><td>{_e(s.get('from_step'))} &rarr; "
-        f"{_e(s.get('to_step'))}</td><td>{_num(s.get('train_s'), '.1f')}</td><td>{_num(s.get('wall_s'), '.1f')}</td>"
-        f"<td class='{'bad' if s.get('status') == 'killed' else 'ok'}'>{_e(s.get('status'))}</td>"
-        f"<td>{_num(s.get('val_loss'), '.4f')}</td><td class='small'>{_e(s.get('error') or '')}</td></tr>"
+        f"<tr><td>{escape(r.get('seed'))}</td><td>{escape(s.get('index'))}</td><td>{escape(s.get('from_step'))} &rarr; "
+        f"{escape(s.get('to_step'))}</td><td>{number(s.get('train_s'), '.1f')}</td><td>{number(s.get('wall_s'), '.1f')}</td>"
+        f"<td class='{'bad' if s.get('status') == 'killed' else 'ok'}'>{escape(s.get('status'))}</td>"
+        f"<td>{number(s.get('val_loss'), '.4f')}</td><td class='small'>{escape(s.get('error') or '')}</td></tr>"
         for r in chained for s in r["segments"])
     return ("<h2>Segments</h2><div class='small'>Seeds longer than the job limit ran as chained jobs, each resuming "
             "from the last checkpoint; time to train adds up the segments' training time.</div>"
@@ -215,17 +184,17 @@ def tree_table_html(table) -> str:
     def cell(row, key: str) -> str:
         v = row.get(key)
         if key == "runs":
-            return f"{_e(row.get('runs_used'))} / {_e(row.get('runs_found'))}"
+            return f"{escape(row.get('runs_used'))} / {escape(row.get('runs_found'))}"
         if key == "why":
             items = [x for x in (row.get("reasons"), row.get("run_notes")) if isinstance(x, str) and x]
-            return "<br>".join(_e(x) for x in items)
+            return "<br>".join(escape(x) for x in items)
         if key == "valid":
             return "yes" if v is True or v == 1 else "no"
         if isinstance(v, float):
-            return "-" if v != v else _num(v, ".3f" if key == "time_to_train" else ".6g")
-        return _e(v)
+            return "-" if v != v else number(v, ".3f" if key == "time_to_train" else ".6g")
+        return escape(v)
 
-    head = "".join(f"<th>{_e(label)}</th>" for _, label in _TREE_VIEW)
+    head = "".join(f"<th>{escape(label)}</th>" for _, label in _TREE_VIEW)
     body = []
     for row in table.to_dict("records"):
         ok = row.get("valid") is True or row.get("valid") == 1
@@ -237,8 +206,8 @@ def tree_table_html(table) -> str:
 def write_tree_report(table, out_html: str | os.PathLike, title: str = "MLPerf results") -> Path:
     """A self-contained page with the tree table, written atomically."""
     scored = int(table["time_to_train"].notna().sum()) if len(table) else 0
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title><style>{_CSS}</style>"
-            f"</head><body><h1>{_e(title)}</h1><div class='small'>{len(table)} benchmark folders, {scored} with a "
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(title)}</title><style>{CSS}</style>"
+            f"</head><body><h1>{escape(title)}</h1><div class='small'>{len(table)} benchmark folders, {scored} with a "
             f"score</div>{tree_table_html(table)}</body></html>\n")
     out = Path(out_html)
     atomic_write_text(out, page)

@@ -9,6 +9,10 @@ A newer mlperf-logging therefore brings its new rulesets and benchmarks with it.
 
 The few rules that mlperf_logging keeps in code rather than in data files are
 mirrored here with a comment naming the function they come from.
+
+Below them, ``Rules``: how mlrepro scores one benchmark's runs (``rules_for`` a name,
+``for_benchmark`` a configured benchmark): an MLPerf benchmark with the facts above, any
+other with the generic checks and the target its config states.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from mlrepro.scoring import checkers
+from mlrepro.scoring.mllog import finite
 
 USAGE = "training"
 DEFAULT_RULESET = "5.0.0"  # the round mlrepro reproduces (MLPerf Training v5.0)
@@ -151,8 +158,6 @@ def rulesets(usage: str = USAGE) -> tuple[str, ...]:
 
 def _check_ruleset(usage: str, ruleset: str) -> None:
     if ruleset not in rulesets(usage):
-        from mlrepro.scoring import checkers
-
         raise UnknownRules(f"mlperf_logging {checkers.mlperf_logging_version()} has no {usage} ruleset {ruleset!r} "
                            f"(it has {', '.join(rulesets(usage)) or 'none'})")
 
@@ -272,7 +277,143 @@ def rules_table(usage: str = USAGE, ruleset: str | None = None):
     return pd.DataFrame(rows)
 
 
-
-
 def as_jsonable(obj: Any) -> Any:
     return obj.to_dict() if hasattr(obj, "to_dict") else obj
+
+
+# ---------------------------------------------------------------- how mlrepro scores one benchmark
+
+# Our config names for the MLPerf benchmarks.
+ALIASES = {
+    "llama2_lora": "llama2_70b_lora",
+    "llama2_70b": "llama2_70b_lora",
+    "llama31": "llama31_405b",
+    "llama3_405b": "llama31_405b",
+    "llama31_405b_pretrain": "llama31_405b",
+}
+# Quality targets of the MLPerf Training 5.0 rules (also enforced by the
+# compliance checker's closed_<benchmark>.yaml).
+MLPERF_TARGETS = {
+    "llama2_70b_lora": ("eval_accuracy", 0.925, "<="),
+    "llama31_405b": ("eval_accuracy", 5.6, "<="),
+}
+_DIRECTIONS = {
+    "<=": "<=", "le": "<=", "lower": "<=", "min": "<=", "minimize": "<=", "below": "<=", "lower_is_better": "<=",
+    ">=": ">=", "ge": ">=", "higher": ">=", "max": ">=", "maximize": ">=", "above": ">=", "higher_is_better": ">=",
+}
+
+
+class RulesError(ValueError):
+    """A benchmark cannot be scored with what we were told about it."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How one benchmark is scored."""
+
+    benchmark: str  # the name the user gave (our config name or the MLPerf name)
+    mlperf_benchmark: str | None  # None: no MLPerf ruleset applies (mini_lora)
+    ruleset: str | None
+    required_runs: int
+    target_metric: str
+    target_value: float
+    target_direction: str  # "<=" or ">="
+    max_failed_runs: int = 1
+    usage: str = "training"
+
+    def target_met(self, value: Any) -> bool:
+        value = finite(value)
+        if value is None:
+            return False
+        if self.mlperf_benchmark:
+            # the closed-division check also requires a positive metric
+            if value <= 0:
+                return False
+        return value <= self.target_value if self.target_direction == "<=" else value >= self.target_value
+
+    @property
+    def target(self) -> dict:
+        return {"metric": self.target_metric, "value": self.target_value, "direction": self.target_direction}
+
+
+
+
+def _parse_target(target: Any) -> tuple[str, float, str]:
+    if isinstance(target, str):
+        m = re.fullmatch(r"\s*([A-Za-z_][\w.]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*", target)
+        if not m:
+            raise RulesError(f"target {target!r} is not METRIC<=VALUE or METRIC>=VALUE")
+        return m.group(1), float(m.group(3)), m.group(2)
+    if isinstance(target, dict):
+        try:
+            metric, value = str(target["metric"]), float(target["value"])
+        except (KeyError, TypeError, ValueError):
+            raise RulesError(f"target {target!r} needs 'metric' and a numeric 'value'") from None
+        direction = _DIRECTIONS.get(str(target.get("direction", "<=")).strip().lower())
+        if direction is None:
+            raise RulesError(f"target direction {target.get('direction')!r} is not one of <=, >=, min, max")
+        return metric, value, direction
+    if isinstance(target, (tuple, list)) and len(target) == 3:
+        return _parse_target({"metric": target[0], "value": target[1], "direction": target[2]})
+    raise RulesError(f"cannot read a target from {target!r}")
+
+
+def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int | None = None,
+              target: Any = None) -> Rules:
+    """The scoring rules of `benchmark`.
+
+    MLPerf benchmarks (llama2_70b_lora, llama31_405b, or our names for them such
+    as llama2_lora) get their facts from mlperf_logging and the MLPerf rules;
+    explicit `required_runs`/`target` override them. Any other benchmark is
+    scored with the generic checks and needs `target` (a dict
+    {metric, value, direction}, or "metric<=value"); `required_runs` defaults to 10.
+    """
+    name = str(benchmark).strip()
+    mlperf = ALIASES.get(name, name)
+    if is_mlperf(mlperf, ruleset):
+        ruleset = ruleset or DEFAULT_RULESET
+        if ruleset not in checkers.supported_rulesets():
+            raise RulesError(f"mlperf_logging has no training ruleset {ruleset!r}")
+        from mlperf_logging.benchmark_meta import get_allowed_benchmarks, get_result_file_counts
+
+        if mlperf not in get_allowed_benchmarks("training", ruleset):
+            raise RulesError(f"{mlperf} is not a benchmark of MLPerf Training {ruleset}")
+        runs = required_runs or get_result_file_counts("training")[mlperf]
+        metric, value, direction = _parse_target(target) if target is not None else _mlperf_target(mlperf, ruleset)
+        return Rules(name, mlperf, ruleset, int(runs), metric, value, direction)
+    if ruleset:
+        raise RulesError(f"{name} is not an MLPerf benchmark, so it has no ruleset (got --ruleset {ruleset})")
+    if target is None:
+        raise RulesError(f"no target known for benchmark {name!r}: give one (e.g. --target eval_loss<=3.5)")
+    metric, value, direction = _parse_target(target)
+    runs = int(required_runs) if required_runs else 10
+    if runs < 1:
+        raise RulesError("required runs must be at least 1")
+    # The olympic mean needs three runs; with fewer, every run counts and none may fail.
+    return Rules(name, None, None, runs, metric, value, direction, max_failed_runs=1 if runs >= 3 else 0)
+
+
+def is_mlperf(name: str, ruleset: str | None = None) -> bool:
+    """Whether `name` (an MLPerf name, after ALIASES) is a benchmark of the ruleset (default DEFAULT_RULESET)."""
+    if name in MLPERF_TARGETS:
+        return True
+    try:
+        return name in benchmarks(ruleset or DEFAULT_RULESET)
+    except UnknownRules:
+        return False
+
+
+def _mlperf_target(benchmark: str, ruleset: str) -> tuple[str, float, str]:
+    """The target of the ruleset's closed_<benchmark>.yaml (mlrepro.scoring.rules)."""
+    t = benchmark_rules(benchmark, ruleset).target
+    if t is None or t.value is None or t.direction is None:
+        what = t.describe() if t else "none"
+        raise RulesError(f"{benchmark} in {ruleset} has a target one number cannot state ({what}); "
+                         f"score its submission folders with `mlrepro score TREE` (no --benchmark)")
+    return t.metric, t.value, t.direction
+
+
+def for_benchmark(bench) -> Rules:
+    """The scoring rules of a configured benchmark (a mlrepro.config.Benchmark)."""
+    return rules_for(bench.mlperf_benchmark or bench.name, ruleset=bench.ruleset,
+                     required_runs=bench.required_runs, target=bench.target)

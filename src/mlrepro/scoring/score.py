@@ -15,157 +15,24 @@ passes. The factor is always computed from the runs, never read from a
 scaling.json.
 
 A benchmark without an MLPerf ruleset (mini_lora) gets the generic checks:
-run_start and run_stop present, status success, target met.
+run_start and run_stop present, status success, target met. A log without MLLOG
+that holds Megatron-LM or NeMo training lines is scored by scoring.megatron_score
+into the same record. The rules applied come from scoring.rules.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
-import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from mlrepro.scoring import checkers
-from mlrepro.util.fsutil import atomic_write_json
+from mlrepro.scoring import checkers, megatron_log
 from mlrepro.scoring.mllog import ParsedLog, Record, contains_mllog, finite, parse_log
-from mlrepro.pretrain import megatron_log
-
-DEFAULT_RULESET = "5.0.0"
-# Our config names for the MLPerf benchmarks.
-ALIASES = {
-    "llama2_lora": "llama2_70b_lora",
-    "llama2_70b": "llama2_70b_lora",
-    "llama31": "llama31_405b",
-    "llama3_405b": "llama31_405b",
-    "llama31_405b_pretrain": "llama31_405b",
-}
-# Quality targets of the MLPerf Training 5.0 rules (also enforced by the
-# compliance checker's closed_<benchmark>.yaml).
-MLPERF_TARGETS = {
-    "llama2_70b_lora": ("eval_accuracy", 0.925, "<="),
-    "llama31_405b": ("eval_accuracy", 5.6, "<="),
-}
-_DIRECTIONS = {
-    "<=": "<=", "le": "<=", "lower": "<=", "min": "<=", "minimize": "<=", "below": "<=", "lower_is_better": "<=",
-    ">=": ">=", "ge": ">=", "higher": ">=", "max": ">=", "maximize": ">=", "above": ">=", "higher_is_better": ">=",
-}
-_LOG_SUFFIXES = {".txt", ".log", ".out", ".err", ""}
-
-
-class RulesError(ValueError):
-    """A benchmark cannot be scored with what we were told about it."""
-
-
-@dataclass(frozen=True)
-class Rules:
-    """How one benchmark is scored."""
-
-    benchmark: str  # the name the user gave (our config name or the MLPerf name)
-    mlperf_benchmark: str | None  # None: no MLPerf ruleset applies (mini_lora)
-    ruleset: str | None
-    required_runs: int
-    target_metric: str
-    target_value: float
-    target_direction: str  # "<=" or ">="
-    max_failed_runs: int = 1
-    usage: str = "training"
-
-    def target_met(self, value: Any) -> bool:
-        value = finite(value)
-        if value is None:
-            return False
-        if self.mlperf_benchmark:
-            # the closed-division check also requires a positive metric
-            if value <= 0:
-                return False
-        return value <= self.target_value if self.target_direction == "<=" else value >= self.target_value
-
-    @property
-    def target(self) -> dict:
-        return {"metric": self.target_metric, "value": self.target_value, "direction": self.target_direction}
-
-
-def _parse_target(target: Any) -> tuple[str, float, str]:
-    if isinstance(target, str):
-        m = re.fullmatch(r"\s*([A-Za-z_][\w.]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*", target)
-        if not m:
-            raise RulesError(f"target {target!r} is not METRIC<=VALUE or METRIC>=VALUE")
-        return m.group(1), float(m.group(3)), m.group(2)
-    if isinstance(target, dict):
-        try:
-            metric, value = str(target["metric"]), float(target["value"])
-        except (KeyError, TypeError, ValueError):
-            raise RulesError(f"target {target!r} needs 'metric' and a numeric 'value'") from None
-        direction = _DIRECTIONS.get(str(target.get("direction", "<=")).strip().lower())
-        if direction is None:
-            raise RulesError(f"target direction {target.get('direction')!r} is not one of <=, >=, min, max")
-        return metric, value, direction
-    if isinstance(target, (tuple, list)) and len(target) == 3:
-        return _parse_target({"metric": target[0], "value": target[1], "direction": target[2]})
-    raise RulesError(f"cannot read a target from {target!r}")
-
-
-def rules_for(benchmark: str, *, ruleset: str | None = None, required_runs: int | None = None,
-              target: Any = None) -> Rules:
-    """The scoring rules of `benchmark`.
-
-    MLPerf benchmarks (llama2_70b_lora, llama31_405b, or our names for them such
-    as llama2_lora) get their facts from mlperf_logging and the MLPerf rules;
-    explicit `required_runs`/`target` override them. Any other benchmark is
-    scored with the generic checks and needs `target` (a dict
-    {metric, value, direction}, or "metric<=value"); `required_runs` defaults to 10.
-    """
-    name = str(benchmark).strip()
-    mlperf = ALIASES.get(name, name)
-    if mlperf in MLPERF_TARGETS or mlperf in _mlperf_benchmarks(ruleset):
-        ruleset = ruleset or DEFAULT_RULESET
-        if ruleset not in checkers.supported_rulesets():
-            raise RulesError(f"mlperf_logging has no training ruleset {ruleset!r}")
-        from mlperf_logging.benchmark_meta import get_allowed_benchmarks, get_result_file_counts
-
-        if mlperf not in get_allowed_benchmarks("training", ruleset):
-            raise RulesError(f"{mlperf} is not a benchmark of MLPerf Training {ruleset}")
-        runs = required_runs or get_result_file_counts("training")[mlperf]
-        metric, value, direction = _parse_target(target) if target is not None else _mlperf_target(mlperf, ruleset)
-        return Rules(name, mlperf, ruleset, int(runs), metric, value, direction)
-    if ruleset:
-        raise RulesError(f"{name} is not an MLPerf benchmark, so it has no ruleset (got --ruleset {ruleset})")
-    if target is None:
-        raise RulesError(f"no target known for benchmark {name!r}: give one (e.g. --target eval_loss<=3.5)")
-    metric, value, direction = _parse_target(target)
-    runs = int(required_runs) if required_runs else 10
-    if runs < 1:
-        raise RulesError("required runs must be at least 1")
-    # The olympic mean needs three runs; with fewer, every run counts and none may fail.
-    return Rules(name, None, None, runs, metric, value, direction, max_failed_runs=1 if runs >= 3 else 0)
-
-
-def _mlperf_benchmarks(ruleset: str | None) -> tuple[str, ...]:
-    from mlrepro.scoring import rules as rules_mod
-
-    try:
-        return rules_mod.benchmarks(ruleset or DEFAULT_RULESET)
-    except rules_mod.UnknownRules:
-        return ()
-
-
-def _mlperf_target(benchmark: str, ruleset: str) -> tuple[str, float, str]:
-    """The target of the ruleset's closed_<benchmark>.yaml (mlrepro.scoring.rules)."""
-    from mlrepro.scoring import rules as rules_mod
-
-    t = rules_mod.benchmark_rules(benchmark, ruleset).target
-    if t is None or t.value is None or t.direction is None:
-        what = t.describe() if t else "none"
-        raise RulesError(f"{benchmark} in {ruleset} has a target one number cannot state ({what}); "
-                         f"score its submission folders with `mlrepro score TREE` (no --benchmark)")
-    return t.metric, t.value, t.direction
+from mlrepro.scoring.rules import MLPERF_TARGETS, Rules
 
 
 # ---------------------------------------------------------------- one run
@@ -276,7 +143,7 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     path = Path(log_path)
     if rules.target_direction == "<=" and not contains_mllog(path) and megatron_log.is_training_log(path):
         # A pretraining run that logs no MLLOG: the same record, from Megatron-LM's/NeMo's own lines.
-        from mlrepro.pretrain import megatron_score
+        from mlrepro.scoring import megatron_score
 
         return megatron_score.score_training_log(path, target_loss=rules.target_value, seed=seed,
                                                  benchmark=rules.benchmark)
@@ -478,151 +345,3 @@ def _rcp_samples(run: dict, rules: Rules) -> Any:
 
 def _run_name(run: dict) -> str:
     return f"seed {run['seed']}" if run.get("seed") is not None else Path(str(run.get("file"))).name
-
-
-# ---------------------------------------------------------------- files
-
-
-def collect_logs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[str]]:
-    """The log files named by `paths` (files, or folders searched recursively).
-
-    In a folder holding result_*.txt (an MLPerf package) only those are taken;
-    in one holding our mllog.txt only that one (the raw log beside it is the
-    same run); otherwise every file with MLLOG lines.
-    """
-    files: list[Path] = []
-    notes: list[str] = []
-    for p in map(Path, paths):
-        if p.is_file():
-            files.append(p)
-        elif p.is_dir():
-            found = _logs_in_dir(p)
-            if not found:
-                notes.append(f"no MLLOG logs in {p}")
-            files.extend(found)
-        elif p.exists():
-            notes.append(f"{p} is not a regular file or folder; skipped")
-        else:
-            notes.append(f"{p} does not exist")
-    unique, seen = [], set()
-    for f in files:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            unique.append(f)
-    return unique, notes
-
-
-def _logs_in_dir(root: Path) -> list[Path]:
-    out: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        names = sorted(n for n in filenames if not n.startswith("."))
-        results = [n for n in names if re.fullmatch(r"result_\d+\.txt", n)]
-        if results:
-            chosen = sorted(results, key=lambda n: int(n[7:-4]))
-        elif "mllog.txt" in names:
-            chosen = ["mllog.txt"]
-        else:
-            chosen = [n for n in names if Path(n).suffix.lower() in _LOG_SUFFIXES]
-        out.extend(Path(dirpath) / n for n in chosen
-                   if contains_mllog(Path(dirpath) / n) or megatron_log.is_training_log(Path(dirpath) / n))
-    return out
-
-
-def _config_target(benchmark: str) -> dict:
-    """required_runs/target of config/benchmarks/<benchmark>.yaml (here, else in mlrepro's repository), if any."""
-    from mlrepro import config
-
-    for root in (Path.cwd(), config.PACKAGE_ROOT):
-        try:
-            found = config.benchmark_scoring(root, benchmark)
-        except config.ConfigError as exc:
-            raise RulesError(str(exc)) from None
-        if found:
-            return found
-    return {}
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="log files or folders of them; without --benchmark: submission trees "
-                             "(<submitter>/ with systems/ and results/, or a folder of submitters)")
-    parser.add_argument("--benchmark",
-                        help="score the logs as one benchmark: any MLPerf benchmark of the ruleset "
-                             "(our names such as llama2_lora too), or mini_lora; without it PATH is a submission tree")
-    parser.add_argument("--csv", metavar="FILE", help="submission trees: write the table as CSV to FILE")
-    parser.add_argument("--html", metavar="FILE", help="submission trees: write the table as an HTML page to FILE")
-    parser.add_argument("--jobs", type=int, default=1, help="submission trees: processes to score with")
-    parser.add_argument("--ruleset", default=None, help=f"MLPerf ruleset (default {DEFAULT_RULESET})")
-    parser.add_argument("--json", metavar="FILE", help="write the full result as JSON to FILE")
-    parser.add_argument("--target", help="override the target, e.g. eval_loss<=3.5")
-    parser.add_argument("--required-runs", type=int, help="override the number of runs required")
-    parser.add_argument("--no-compliance", action="store_true", help="skip the official compliance checker")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.benchmark is None:
-        from mlrepro.scoring import tree_score
-
-        return tree_score.run_cli(args)
-    try:
-        name = ALIASES.get(args.benchmark, args.benchmark)
-        target, required = args.target, args.required_runs
-        if name not in MLPERF_TARGETS and name not in _mlperf_benchmarks(args.ruleset):
-            cfg = _config_target(args.benchmark)
-            target = target or cfg.get("target")
-            required = required or cfg.get("required_runs") or 10
-        rules = rules_for(args.benchmark, ruleset=args.ruleset, required_runs=required, target=target)
-    except RulesError as exc:
-        print(f"mlrepro score: {exc}", file=sys.stderr)
-        return 2
-    files, notes = collect_logs(args.paths)
-    result = score_runs(files, rules, run_compliance=not args.no_compliance)
-    result["reasons"] = notes + result["reasons"]
-    print(format_summary(result))
-    if args.json:
-        try:
-            atomic_write_json(args.json, result)
-        except OSError as exc:
-            print(f"mlrepro score: cannot write {args.json}: {exc}", file=sys.stderr)
-            return 1
-    return 0 if result["valid"] else 1
-
-
-def _fmt(x: Any, spec: str = ".3f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def format_summary(score: dict) -> str:
-    """A human-readable summary of a score dict."""
-    rules_line = (f"MLPerf Training {score['ruleset']} ({score['mlperf_benchmark']})" if score.get("mlperf_benchmark")
-                  else "no MLPerf ruleset: generic checks")
-    t = score["target"]
-    lines = [f"benchmark {score['benchmark']}: {rules_line}; target {t['metric']} {t['direction']} {t['value']:g}; "
-             f"{score['required_runs']} runs required", ""]
-    header = f"{'seed':>8}  {'minutes':>10}  {'status':<9} {'samples':>9}  {'compliance':<10}  verdict"
-    lines += [header, "-" * len(header)]
-    for r in score["runs"]:
-        comp = r.get("compliance") or {}
-        comp_s = "-" if not comp.get("checked") else ("pass" if comp.get("pass") else "FAIL")
-        verdict = "counted" if r.get("counted") else "NOT counted: " + "; ".join(r.get("reasons") or ["?"])
-        samples = r.get("samples_to_converge")
-        lines.append(f"{str(r.get('seed')):>8}  {_fmt(r.get('minutes')):>10}  {str(r.get('status')):<9} "
-                     f"{_fmt(samples, 'g') if samples is not None else '-':>9}  {comp_s:<10}  {verdict}")
-        for prob in (r.get("problems") or [])[:3]:
-            lines.append(f"{'':>10}problem: {prob}")
-    rcp = score["rcp"]
-    rcp_s = ("not checked: " if not rcp["checked"] else ("PASS: " if rcp["pass"] else "FAIL: ")) + rcp["reason"]
-    lines += ["", f"olympic mean   {_fmt(score['olympic_minutes'])} min",
-              f"RCP            {rcp_s}", f"scaling factor {rcp['scaling_factor']:.6f}",
-              f"score          {_fmt(score['score_minutes'])} min  ({'VALID' if score['valid'] else 'NOT VALID'})"]
-    lines += [f"  why not valid: {r}" for r in score["reasons"]]
-    return "\n".join(lines)
-
-
-__all__ = ["Rules", "RulesError", "rules_for", "score_run", "score_runs", "olympic_mean", "collect_logs",
-           "format_summary", "add_arguments", "run"]

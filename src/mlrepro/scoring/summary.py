@@ -15,7 +15,7 @@ from typing import Iterable
 import pandas as pd
 
 from mlrepro.util.fsutil import atomic_write_text
-from mlrepro.scoring.report import _CSS
+from mlrepro.scoring.page import CSS
 from mlrepro.scoring.verdict import METHOD
 
 COLUMNS = ["benchmark", "system", "reference", "reference_kind", "score_minutes", "reference_score_minutes",
@@ -110,7 +110,7 @@ def render_final(table: pd.DataFrame) -> str:
         body.append(f"<tr data-benchmark='{html.escape(rec['benchmark'])}'>{cells}</tr>")
     reproduced = int((table["verdict"] == "reproduced").sum()) if len(table) else 0
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>mlrepro final report</title>"
-            f"<style>{_CSS}body{{max-width:none;margin:1.5em}} td.why{{min-width:14em}} table{{font-size:.85em}}</style></head><body>"
+            f"<style>{CSS}body{{max-width:none;margin:1.5em}} td.why{{min-width:14em}} table{{font-size:.85em}}</style></head><body>"
             "<h1>mlrepro final report</h1>"
             f"<table id='verdicts-table'><tr>{head}</tr>{''.join(body)}</table>"
             f"<p id='overview'>{len(table)} benchmark and system pairs, {reproduced} reproduced.</p>"

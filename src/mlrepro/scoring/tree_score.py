@@ -7,41 +7,29 @@ system columns, the benchmark's time to train, GBS, samples to converge, RCP
 verdict and the scaling factor it applied) plus ours (the RCP factor the runs
 give, runs found/used/dropped, validity and the reasons).
 
-Every decision is mlperf_logging's own code, called on each log read once:
-the official parser of the ruleset (``mlp_parser.ruleset_XYZ.string_to_logline``),
-the official compliance checker and its YAML rules, the summarizer's
-``_query_run_start_stop``, ``_compute_olympic_average`` and ``_get_scaling_factor``,
-and the rcp_checker's ``check_directory`` and ``get_submission_epochs``. What
-makes it faster than the summarizer is only how logs reach that code: each
-file is read once (the summarizer parses it twice and the RCP checker a third
-time, each through a regular expression that is quadratic in the line length),
-the checker's YAML rule files are parsed once per run instead of once per log,
-and the RCP checker reads only the lines it looks at. Nothing is written into
-the tree (the summarizer rewrites scaling.json and privateid.json there).
+Every decision is mlperf_logging's own code, called on each log read once (mlrepro.scoring.official
+feeds it): the official parser and compliance checker of the ruleset, the summarizer's
+``_query_run_start_stop``, ``_compute_olympic_average`` and ``_get_scaling_factor``, and the
+rcp_checker's ``check_directory`` and ``get_submission_epochs``. Nothing is written into the tree
+(the summarizer rewrites scaling.json and privateid.json there).
 """
 
 from __future__ import annotations
 
-import builtins
-import contextlib
-import importlib
 import json
-import logging
 import math
 import os
 import shutil
-import sys
 import tempfile
-import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from mlrepro.scoring import rules as rules_mod
+from mlrepro.scoring.official import compliance, mllog_lines, official_tools, parse_lines
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
-TOKEN = ":::MLLOG "
 # Columns of the summarizer's detailed table (result_summarizer._get_column_schema and
 # _get_strong_scaling_metric_schema), the benchmark columns turned into rows.
 SYSTEM_COLUMNS = ["division", "availability", "submitter", "system", "number_of_nodes", "host_processor_model_name",
@@ -56,155 +44,6 @@ COLUMNS = SYSTEM_COLUMNS + BENCHMARK_COLUMNS + URL_COLUMNS + OUR_COLUMNS
 # Keys of the lines rcp_checker.read_submission_file acts on; every other line
 # leaves its state unchanged, so it is given only these.
 _RCP_KEYS = ("global_batch_size", "submission_benchmark", "eval_error", "eval_accuracy", "train_samples", "run_stop")
-
-
-# ---------------------------------------------------------------- official code, fed efficiently
-
-
-class _CachedYaml:
-    """Stands in for the ``yaml`` module inside mlp_compliance: the rule files are
-    parsed once per process. ``configured_checks`` only reads what it loads."""
-
-    def __init__(self, yaml_module):
-        self._yaml = yaml_module
-        self.BaseLoader = yaml_module.BaseLoader
-        self._cache: dict[tuple, Any] = {}
-
-    def load(self, stream, Loader):
-        name = getattr(stream, "name", None)
-        if not isinstance(name, str):
-            return self._yaml.load(stream, Loader=Loader)
-        key = (name, os.stat(name).st_mtime_ns, Loader)
-        if key not in self._cache:
-            self._cache[key] = self._yaml.load(stream, Loader=Loader)
-        return self._cache[key]
-
-    def __getattr__(self, name):
-        return getattr(self._yaml, name)
-
-
-# Per process: the rule files and reference points do not change during a run.
-_YAML: _CachedYaml | None = None
-_RCP_CHECKERS: dict[tuple, Any] = {}
-_CODE: dict[tuple[str, str], Any] = {}
-
-
-def _compiled(source, mode: str):
-    if not isinstance(source, str):
-        return source
-    key = (source, mode)
-    code = _CODE.get(key)
-    if code is None:
-        code = _CODE[key] = compile(source, "<string>", mode)
-    return code
-
-
-def _eval(source, globals_=None, locals_=None):
-    """builtins.eval, with each rule's expression compiled once instead of once per log line."""
-    return builtins.eval(_compiled(source, "eval"), globals_, locals_)
-
-
-def _exec(source, globals_=None, locals_=None):
-    return builtins.exec(_compiled(source, "exec"), globals_, locals_)
-
-
-@contextlib.contextmanager
-def _official_tools() -> Iterator[None]:
-    """mlp_compliance with cached rule files, rcp_checker with one RCP_Checker per
-    benchmark, and the tools' logging muted (they log every check at WARNING)."""
-    import yaml
-    from mlperf_logging.compliance_checker import mlp_compliance
-    from mlperf_logging.rcp_checker import rcp_checker
-
-    real_checker = rcp_checker.RCP_Checker
-    checkers = _RCP_CHECKERS
-
-    def cached_checker(usage, ruleset, benchmark, verbose, rcp_file=None):
-        # Its references (means, allowed speed-ups) depend only on these; the
-        # evaluation it is used for does not change them.
-        if rcp_file is not None:
-            return real_checker(usage, ruleset, benchmark, verbose, rcp_file)
-        key = (usage, ruleset, benchmark)
-        if key not in checkers:
-            checkers[key] = real_checker(usage, ruleset, benchmark, verbose)
-        return checkers[key]
-
-    previous_disable = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    global _YAML
-    if _YAML is None:
-        _YAML = _CachedYaml(yaml)
-    mlp_compliance.yaml = _YAML
-    # Module globals shadow the builtins for the checker's own code only.
-    mlp_compliance.eval, mlp_compliance.exec = _eval, _exec
-    rcp_checker.RCP_Checker = cached_checker
-    real_read = rcp_checker.read_submission_file
-    reads: dict[tuple, Any] = {}
-
-    def read_once(result_file, ruleset, use_train_samples):
-        # check_directory and get_submission_epochs each read every file; the answer is the same.
-        key = (result_file, os.stat(result_file).st_mtime_ns, ruleset, use_train_samples)
-        if key not in reads:
-            reads[key] = real_read(result_file, ruleset, use_train_samples)
-        return reads[key]
-
-    rcp_checker.read_submission_file = read_once
-    try:
-        yield
-    finally:
-        mlp_compliance.yaml = yaml
-        del mlp_compliance.eval, mlp_compliance.exec
-        rcp_checker.RCP_Checker = real_checker
-        rcp_checker.read_submission_file = real_read
-        logging.disable(previous_disable)
-
-
-def _parser_module(ruleset: str):
-    """The official line parser of `ruleset` (mlp_parser.parse_file dispatches the same way)."""
-    return importlib.import_module(f"mlperf_logging.compliance_checker.mlp_parser.ruleset_{ruleset.replace('.', '')}")
-
-
-def mllog_lines(path: Path) -> list[str]:
-    """The MLLOG lines of a log as mlp_parser.strip_and_dedup leaves them:
-    ``re.sub(".*" + TOKEN, TOKEN, line).strip()`` keeps the text from the last
-    TOKEN on, which is what rfind does without the regex's quadratic scan."""
-    with open(path, encoding="latin-1") as fh:  # universal newlines, as the parser reads
-        return [line[line.rfind(TOKEN):].strip() for line in fh if TOKEN in line]
-
-
-def parse_lines(lines: list[str], ruleset: str) -> tuple[list, list]:
-    """mlp_parser's (loglines, failed) for the stripped lines (its parse_generator)."""
-    to_logline = _parser_module(ruleset).string_to_logline
-    loglines, failed = [], []
-    for lineno, line in enumerate(lines):
-        try:
-            loglines.append(to_logline(lineno, line))
-        except ValueError as exc:
-            failed.append((line, str(exc)))
-    return loglines, failed
-
-
-def compliance(loglines: list, failed: list, usage: str, ruleset: str) -> tuple[bool, list[str]]:
-    """mlp_compliance.ComplianceChecker.check_file on lines parsed already."""
-    from mlperf_logging.compliance_checker import mlp_compliance
-
-    mlp_compliance.enqueued_configs.clear()
-    checker = mlp_compliance.make_checker(usage=usage, ruleset=ruleset, quiet=True, werror=False)
-    if failed:
-        checker.put_message("Log lines had parsing errors.")
-    # The rules may add lines (stable_diffusion's aggregated_eval_accuracy): give them a copy.
-    checker.check_loglines(list(loglines), f"{usage}_{ruleset}/common.yaml")
-    messages = [*checker.overwritable.values(), *checker.not_overwritable]
-    return not checker.has_messages(), [_first_line(m) for m in messages]
-
-
-def _first_line(msg: str) -> str:
-    lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
-    head = lines[0] if lines else str(msg)
-    for ln in lines[1:3]:
-        if ln.startswith("failed test"):
-            head += f" ({ln})"
-    return head[:300]
 
 
 # ---------------------------------------------------------------- one benchmark folder
@@ -455,7 +294,7 @@ def _tasks(submitter: Path, usage: str, ruleset: str) -> tuple[list[tuple], list
 def _score_task(task: tuple, usage: str, ruleset: str) -> dict:
     folder, specs = task
     try:
-        with _official_tools():
+        with official_tools():
             row = score_benchmark_folder(folder, usage=usage, ruleset=ruleset, division=specs["division"])
     except Exception as exc:  # one folder's surprise must not stop the others
         return _error_row(Path(folder), f"cannot score: {type(exc).__name__}: {exc}",
@@ -528,90 +367,3 @@ def format_table(table) -> str:
         for _, r in bad.iterrows():
             lines.append(f"  {r['submitter']}/{r['system']}/{r['benchmark']}: {r['reasons']}")
     return "\n".join(lines)
-
-
-def run_cli(args) -> int:
-    """``mlrepro score TREE...`` (no --benchmark): the whole-tree table."""
-    ruleset = args.ruleset or rules_mod.DEFAULT_RULESET
-    t0 = time.perf_counter()
-    try:
-        table, rows = score_tree(args.paths, ruleset=ruleset, jobs=max(1, int(getattr(args, "jobs", 1) or 1)))
-    except rules_mod.UnknownRules as exc:
-        print(f"mlrepro score: {exc}", file=sys.stderr)
-        return 2
-    seconds = time.perf_counter() - t0
-    try:
-        write_outputs(table, rows, csv=args.csv, json_path=args.json, ruleset=ruleset, usage=rules_mod.USAGE,
-                      seconds=seconds)
-        if getattr(args, "html", None):
-            from mlrepro.scoring import report
-
-            report.write_tree_report(table, args.html, title=f"MLPerf {rules_mod.USAGE} {ruleset} results")
-    except OSError as exc:
-        print(f"mlrepro score: cannot write: {exc}", file=sys.stderr)
-        return 1
-    print(format_table(table))
-    scored = int(table["time_to_train"].notna().sum())
-    print(f"\n{len(table)} rows, {scored} with a score, {int(table['valid'].astype(bool).sum())} valid "
-          f"({seconds:.1f} s, MLPerf {rules_mod.USAGE} {ruleset})")
-    return 0 if len(table) and bool(table["valid"].astype(bool).all()) else 1
-
-
-# ---------------------------------------------------------------- against the official summarizer
-
-
-def summarizer_rows(detailed_csv: str | os.PathLike, usage: str = rules_mod.USAGE, ruleset: str | None = None):
-    """The summarizer's ``*_detailed.csv`` (one row per system, columns ``<benchmark>:<metric>``)
-    as one row per system and benchmark that has a time to train or an RCP verdict."""
-    import pandas as pd
-
-    wide = pd.read_csv(detailed_csv)
-    benches = sorted({c.split(":", 1)[0] for c in wide.columns if ":" in c})
-    rows = []
-    for _, r in wide.iterrows():
-        for b in benches:
-            ttt, rcp = r.get(f"{b}:time_to_train"), r.get(f"{b}:RCP")
-            if pd.isna(ttt) and (not isinstance(rcp, str) or not rcp):
-                continue
-            rows.append({"details_url": r["details_url"], "benchmark": b, "time_to_train": ttt,
-                         "GBS": r.get(f"{b}:GBS"), "samples_to_converge": r.get(f"{b}:samples_to_converge"),
-                         "RCP": rcp if isinstance(rcp, str) and rcp else None,
-                         "rcp_scaling_factor": r.get(f"{b}:rcp_scaling_factor")})
-    return pd.DataFrame(rows, columns=["details_url", "benchmark", "time_to_train", "GBS", "samples_to_converge",
-                                       "RCP", "rcp_scaling_factor"])
-
-
-def compare_with_summarizer(ours, official, tolerance_min: float = 0.001):
-    """Join our table with ``summarizer_rows`` on (details_url, benchmark).
-
-    Returns a DataFrame with one row per benchmark folder of either side and a column
-    ``same``: both have no score, or the times to train differ by at most `tolerance_min`
-    and GBS, samples to converge, RCP verdict and applied scaling factor agree.
-    """
-    import pandas as pd
-
-    mine = ours[ours["details_url"].notna()][["details_url", "benchmark", "time_to_train", "GBS",
-                                              "samples_to_converge", "RCP", "rcp_scaling_factor", "folder"]]
-    both = mine.merge(official, on=["details_url", "benchmark"], how="outer", suffixes=("", "_official"),
-                      indicator=True)
-
-    def close(a, b, tol):
-        if pd.isna(a) and pd.isna(b):
-            return True
-        return not (pd.isna(a) or pd.isna(b)) and abs(float(a) - float(b)) <= tol
-
-    def same(r) -> bool:
-        if r["_merge"] != "both":
-            # A folder the summarizer has no row for must have no score from us either.
-            return r["_merge"] == "left_only" and pd.isna(r["time_to_train"])
-        rcp_a = r["RCP"] if isinstance(r["RCP"], str) else None
-        rcp_b = r["RCP_official"] if isinstance(r["RCP_official"], str) else None
-        return (close(r["time_to_train"], r["time_to_train_official"], tolerance_min)
-                and close(r["GBS"], r["GBS_official"], 1e-9)
-                and close(r["samples_to_converge"], r["samples_to_converge_official"], 1e-6)
-                and close(r["rcp_scaling_factor"], r["rcp_scaling_factor_official"], 1e-12)
-                and rcp_a == rcp_b)
-
-    both["same"] = both.apply(same, axis=1) if len(both) else []
-    both["abs_diff_min"] = (both["time_to_train"] - both["time_to_train_official"]).abs()
-    return both

@@ -26,9 +26,7 @@ import math
 import statistics
 from typing import Any, Sequence
 
-# report.py sets the Agg backend before pyplot is imported; its helpers render here too.
-from mlrepro.scoring.report import _e, _svg, plt
-from mlrepro.scoring.report import _num as _n
+from mlrepro.scoring.page import escape, inline_svg, number, plt
 
 ALPHA = 0.05
 METHOD = ("two-sided Mann-Whitney U test (scipy.stats.mannwhitneyu) on the per-run values of your counted runs "
@@ -187,7 +185,7 @@ def distribution_plot(verdict: dict) -> str:
         ax.set_xticks(range(len(data)), [d[0] for d in data])
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=.3)
-    return _svg(fig)
+    return inline_svg(fig)
 
 
 def _config_label(config: dict | None) -> str | None:
@@ -233,21 +231,21 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
     status = verdict["verdict"]
     css = {"reproduced": "valid", "seeds only": "valid"}.get(status, "invalid")
     parts = [f"<h2>Compared with the {'published result' if ref.get('kind') == 'published' else 'reference'}</h2>",
-             f"<div class='verdict {css}' id='reproduction'>verdict: <b id='verdict-status'>{_e(status.upper())}</b>"]
+             f"<div class='verdict {css}' id='reproduction'>verdict: <b id='verdict-status'>{escape(status.upper())}</b>"]
     if verdict.get("reference_score_minutes") is not None:
-        parts.append(f"<div class='small'>yours <b id='your-score'>{_n(verdict['score_minutes'])}</b> min, "
-                     f"{_e(ref.get('label'))} <b id='reference-score'>{_n(verdict['reference_score_minutes'])}</b> "
-                     f"min, difference <b id='difference'>{_n(verdict['difference_pct'], '+.1f')}%</b></div>")
-    parts.append("<ul>" + "".join(f"<li>{_e(w)}</li>" for w in verdict.get("why") or []) + "</ul></div>")
+        parts.append(f"<div class='small'>yours <b id='your-score'>{number(verdict['score_minutes'])}</b> min, "
+                     f"{escape(ref.get('label'))} <b id='reference-score'>{number(verdict['reference_score_minutes'])}</b> "
+                     f"min, difference <b id='difference'>{number(verdict['difference_pct'], '+.1f')}%</b></div>")
+    parts.append("<ul>" + "".join(f"<li>{escape(w)}</li>" for w in verdict.get("why") or []) + "</ul></div>")
     match = ref.get("match") or {}
     because = str(match.get("because") or "")
-    parts.append(f"<p class='small' id='reference-source'>Reference: {_e(ref.get('label'))}. "
-                 f"{_e(because[:1].upper() + because[1:])}."
-                 + (f" Source: {_e(ref['source'].get('url', ''))} {_e(ref['source'].get('folder'))} at "
-                    f"{_e(ref['source'].get('commit'))}." if ref.get("kind") == "published" else "") + "</p>")
+    parts.append(f"<p class='small' id='reference-source'>Reference: {escape(ref.get('label'))}. "
+                 f"{escape(because[:1].upper() + because[1:])}."
+                 + (f" Source: {escape(ref['source'].get('url', ''))} {escape(ref['source'].get('folder'))} at "
+                    f"{escape(ref['source'].get('commit'))}." if ref.get("kind") == "published" else "") + "</p>")
     if match.get("differences"):
         parts.append("<p>Your system differs from the published one:</p><ul id='differences'>"
-                     + "".join(f"<li>{_e(d)}</li>" for d in match["differences"]) + "</ul>")
+                     + "".join(f"<li>{escape(d)}</li>" for d in match["differences"]) + "</ul>")
     if verdict.get("tests"):
         parts.append("<table id='tests'><tr><th>per run</th><th>yours</th><th>reference</th><th>difference</th>"
                      "<th>p</th><th>beyond the spread?</th></tr>")
@@ -256,28 +254,28 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
                  "samples_to_converge": ("samples to converge (olympic)", ".1f")}
         for key, test in verdict["tests"].items():
             label, spec = units[key]
-            parts.append(f"<tr><td>{label}</td><td>{_n(test['yours'], spec)}</td><td>{_n(test['theirs'], spec)}</td>"
-                         f"<td>{_n(test['difference_pct'], '+.1f')}%</td><td>{_n(test['p'], '.3g')}</td>"
-                         f"<td>{'yes' if test.get('different') else ('no' if test['p'] is not None else _e(test.get('note')))}"
+            parts.append(f"<tr><td>{label}</td><td>{number(test['yours'], spec)}</td><td>{number(test['theirs'], spec)}</td>"
+                         f"<td>{number(test['difference_pct'], '+.1f')}%</td><td>{number(test['p'], '.3g')}</td>"
+                         f"<td>{'yes' if test.get('different') else ('no' if test['p'] is not None else escape(test.get('note')))}"
                          "</td></tr>")
-        parts.append(f"<tr><td>RCP factor</td><td>{_n(verdict['rcp_factor'], '.6f')}</td>"
-                     f"<td>{_n(verdict['reference_rcp_factor'], '.6f')}</td>"
-                     f"<td>{_n(verdict['rcp_factor_difference_pct'], '+.2f')}%</td><td>-</td><td>-</td></tr></table>")
-        parts.append(f"<p class='small' id='method'>Test: {_e(verdict['method'])}. Time per sample separates the "
+        parts.append(f"<tr><td>RCP factor</td><td>{number(verdict['rcp_factor'], '.6f')}</td>"
+                     f"<td>{number(verdict['reference_rcp_factor'], '.6f')}</td>"
+                     f"<td>{number(verdict['rcp_factor_difference_pct'], '+.2f')}%</td><td>-</td><td>-</td></tr></table>")
+        parts.append(f"<p class='small' id='method'>Test: {escape(verdict['method'])}. Time per sample separates the "
                      "machine's speed from the seed-to-seed variation of samples to converge.</p>")
     spread = verdict["seeds"]
     ref_spread = verdict.get("reference_seeds") or {}
     parts.append("<h3>Seeds compared with each other</h3>"
-                 f"<p id='seed-spread'>yours: {spread['runs']} counted runs, median {_n(spread['median'])} min, "
-                 f"coefficient of variation {_n(spread['cv_pct'], '.1f')}%, range {_n(spread['range_pct'], '.1f')}% "
-                 "of the median" + (f"; reference: {ref_spread['runs']} runs, CV {_n(ref_spread['cv_pct'], '.1f')}%, "
-                                    f"range {_n(ref_spread['range_pct'], '.1f')}%" if ref_spread.get("runs") else "")
+                 f"<p id='seed-spread'>yours: {spread['runs']} counted runs, median {number(spread['median'])} min, "
+                 f"coefficient of variation {number(spread['cv_pct'], '.1f')}%, range {number(spread['range_pct'], '.1f')}% "
+                 "of the median" + (f"; reference: {ref_spread['runs']} runs, CV {number(ref_spread['cv_pct'], '.1f')}%, "
+                                    f"range {number(ref_spread['range_pct'], '.1f')}%" if ref_spread.get("runs") else "")
                  + "</p><table id='seeds'><tr><th>seed</th><th>minutes</th><th>from the median</th></tr>"
-                 + "".join(f"<tr><td>{_e(s['seed'])}</td><td>{_n(s['minutes'])}</td>"
-                           f"<td>{_n(s['from_median_pct'], '+.1f')}%</td></tr>" for s in spread["seeds"]) + "</table>")
+                 + "".join(f"<tr><td>{escape(s['seed'])}</td><td>{number(s['minutes'])}</td>"
+                           f"<td>{number(s['from_median_pct'], '+.1f')}%</td></tr>" for s in spread["seeds"]) + "</table>")
     if distribution_svg:
         parts.append(f"<figure id='distribution-plot'>{distribution_svg}</figure>")
     parts.append("<h3>Environment</h3><table id='environment'><tr><th></th><th>yours</th><th>reference</th></tr>"
-                 + "".join(f"<tr><th>{_e(k)}</th><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for k, a, b in _env_rows(verdict))
+                 + "".join(f"<tr><th>{escape(k)}</th><td>{escape(a)}</td><td>{escape(b)}</td></tr>" for k, a, b in _env_rows(verdict))
                  + "</table>")
     return "".join(parts)

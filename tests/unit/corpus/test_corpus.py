@@ -16,7 +16,8 @@ import zstandard
 
 from mlrepro import config as mlrepro_config
 from mlrepro.data import checks
-from mlrepro.corpus import array, blend, concat, extract, indexed, minicorpus, preprocess, shards, stages
+from mlrepro.corpus import array, blend, concat, extract, minicorpus, preprocess, shards, stages
+from mlrepro.formats import indexed
 from mlrepro.corpus import tokenizer as corpus_tokenizer
 import workspace
 

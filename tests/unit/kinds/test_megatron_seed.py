@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from mlrepro import config as mlrepro_config
-from mlrepro.corpus import blend, indexed, minicorpus
+from mlrepro.corpus import blend, minicorpus
+from mlrepro.formats import indexed
 from mlrepro.launch import plan as launch
 from mlrepro.pretrain import megatron_plan, megatron_seed
 from workspace import make_workspace, run_snakemake

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro.pretrain import checkpoints, progress, segments
+from mlrepro.formats import checkpoints
+from mlrepro.pretrain import progress, segments
 
 
 def _save(folder: Path, step: int, val_loss: float | None) -> Path:

@@ -193,13 +193,13 @@ def test_invalid_preflight_config_names_file_and_key(tmp_path):
 
 
 def test_gpu_references_live_in_the_one_hardware_table():
-    from mlrepro.plan import hardware
+    from mlrepro import gpus
 
-    h100, h200 = hardware.gpu_model("NVIDIA H100 80GB HBM3"), hardware.gpu_model("NVIDIA H200")
+    h100, h200 = gpus.gpu_model("NVIDIA H100 80GB HBM3"), gpus.gpu_model("NVIDIA H200")
     assert (h100.measured_matmul_tflops, h100.measured_copy_tbps) == (758, 2.98)
     assert (h200.measured_matmul_tflops, h200.measured_copy_tbps) == (789, 4.1)
     assert h200.measured_busbw_gbs[2][4096 << 20] == 343
-    assert dataclasses.is_dataclass(h100) and hardware.gpu_model("Tesla T4") is None
+    assert dataclasses.is_dataclass(h100) and gpus.gpu_model("Tesla T4") is None
 
 
 @pytest.mark.timeout(120)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mlrepro import config as mlrepro_config
-from mlrepro.corpus import blend, indexed, minicorpus
+from mlrepro.corpus import blend, minicorpus
+from mlrepro.formats import indexed
 from mlrepro.plan import hardware
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch, megatron_plan

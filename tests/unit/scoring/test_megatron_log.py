@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro.plan import hardware
-from mlrepro.pretrain import loss_band, megatron_log, megatron_score
+from mlrepro import gpus
+from mlrepro.scoring import loss_band, megatron_log, megatron_score
 import workspace
 
 FIX = workspace.FIXTURES / "megatron"
@@ -126,11 +126,11 @@ def test_unknown_gpu_and_empty_log(tmp_path):
 
 
 def test_datasheet_peaks():
-    assert hardware.datasheet_peak_tflops("NVIDIA H200") == 989
-    assert hardware.datasheet_peak_tflops(H100) == 989
-    assert hardware.datasheet_peak_tflops("NVIDIA GB200") == 2500  # not B200's 2250
+    assert gpus.datasheet_peak_tflops("NVIDIA H200") == 989
+    assert gpus.datasheet_peak_tflops(H100) == 989
+    assert gpus.datasheet_peak_tflops("NVIDIA GB200") == 2500  # not B200's 2250
     with pytest.raises(KeyError):
-        hardware.datasheet_peak_tflops("Radeon")
+        gpus.datasheet_peak_tflops("Radeon")
 
 
 def test_loss_band_inside_and_flagged_step(tmp_path):
@@ -170,11 +170,12 @@ def test_cli_writes_run_record(tmp_path, capsys):
 def test_band_flag_reaches_the_report():
     from mlrepro.scoring import report
     from mlrepro.scoring import score as scoring
+    from mlrepro.scoring.rules import rules_for
 
     rec = megatron_score.score_training_log(SDPA, target_loss=4.0, gpu=H100)
     bad = dict(rec, curve=[[i, v * (1.2 if i >= 150 else 1.0)] for i, v in rec["curve"]])
     megatron_score.check_reference(bad, REFERENCE)
-    rules = scoring.rules_for("gpt_126m", required_runs=1, target={"metric": "val_loss", "value": 4.0,
+    rules = rules_for("gpt_126m", required_runs=1, target={"metric": "val_loss", "value": 4.0,
                                                                    "direction": "below"})
     score = scoring.score_runs([], rules, runs=[bad], run_compliance=False)
     html = report.render_report(score, logs=[])

@@ -9,6 +9,7 @@ import pytest
 
 import logs_factory as lf
 from mlrepro.scoring import score as scoring
+from mlrepro.scoring.rules import rules_for
 from mlrepro.scoring.report import write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -18,7 +19,7 @@ def make_score(tmp_path):
     specs = lf.ten_runs()
     specs[4] = dict(specs[4], converge=False)
     paths = lf.write_runs(tmp_path / "runs", specs)
-    return scoring.score_runs(paths, scoring.rules_for("llama2_70b_lora")), paths
+    return scoring.score_runs(paths, rules_for("llama2_70b_lora")), paths
 
 
 def test_report_content(tmp_path):

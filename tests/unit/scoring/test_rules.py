@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mlrepro.scoring import rules
-from mlrepro.scoring import score as scoring
+from mlrepro.scoring.rules import DEFAULT_RULESET, MLPERF_TARGETS, RulesError, rules_for
 
 
 def _cc_root() -> Path:
@@ -88,14 +88,14 @@ def test_unknown_ruleset_and_benchmark():
 
 def test_scoring_knows_every_benchmark_of_the_ruleset():
     for b in ("bert", "rgat", "dlrm_dcnv2", "retinanet"):
-        r = scoring.rules_for(b)
+        r = rules_for(b)
         t = rules.benchmark_rules(b, "5.0.0").target
         assert (r.target_metric, r.target_value, r.target_direction) == (t.metric, t.value, t.direction)
-    with pytest.raises(scoring.RulesError, match="mlrepro score TREE"):
-        scoring.rules_for("stable_diffusion")
-    # The two targets scoring.py states itself are the ones mlperf-logging has.
-    for b, (metric, value, direction) in scoring.MLPERF_TARGETS.items():
-        t = rules.benchmark_rules(b, scoring.DEFAULT_RULESET).target
+    with pytest.raises(RulesError, match="mlrepro score TREE"):
+        rules_for("stable_diffusion")
+    # The two targets rules.py states itself are the ones mlperf-logging has.
+    for b, (metric, value, direction) in MLPERF_TARGETS.items():
+        t = rules.benchmark_rules(b, DEFAULT_RULESET).target
         assert (t.metric, t.value, t.direction) == (metric, value, direction)
 
 

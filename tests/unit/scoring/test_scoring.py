@@ -20,6 +20,7 @@ import pytest
 import logs_factory as lf
 from mlrepro.scoring import checkers
 from mlrepro.scoring import score as scoring
+from mlrepro.scoring.rules import RulesError, rules_for
 from mlrepro.scoring.package import write_submission_package
 
 RCP_DIR = Path(__import__("mlperf_logging.rcp_checker", fromlist=["x"]).__file__).parent / "training_5.0.0"
@@ -34,19 +35,19 @@ def rcp_mean(benchmark: str, bs: int) -> float:
 
 
 def test_rules_for_mlperf_and_custom_benchmarks():
-    r = scoring.rules_for("llama2_lora")
+    r = rules_for("llama2_lora")
     assert (r.mlperf_benchmark, r.ruleset, r.required_runs, r.target_value) == ("llama2_70b_lora", "5.0.0", 10, 0.925)
-    r = scoring.rules_for("llama31_405b")
+    r = rules_for("llama31_405b")
     assert (r.required_runs, r.target_value, r.target_direction) == (3, 5.6, "<=")
-    r = scoring.rules_for("mini_lora", required_runs=5, target={"metric": "eval_loss", "value": 2.0,
+    r = rules_for("mini_lora", required_runs=5, target={"metric": "eval_loss", "value": 2.0,
                                                                  "direction": "min"})
     assert (r.mlperf_benchmark, r.ruleset, r.required_runs, r.target_direction) == (None, None, 5, "<=")
-    assert scoring.rules_for("x", target="acc>=0.75").target == {"metric": "acc", "value": 0.75, "direction": ">="}
+    assert rules_for("x", target="acc>=0.75").target == {"metric": "acc", "value": 0.75, "direction": ">="}
     for bad in [dict(benchmark="mini_lora"), dict(benchmark="llama2_70b_lora", ruleset="9.9.9"),
                 dict(benchmark="mini_lora", target="loss=3"), dict(benchmark="mini_lora", ruleset="5.0.0",
                                                                      target="l<=1")]:
-        with pytest.raises(scoring.RulesError):
-            scoring.rules_for(**bad)
+        with pytest.raises(RulesError):
+            rules_for(**bad)
 
 
 def test_olympic_mean_as_result_summarizer():
@@ -60,7 +61,7 @@ def test_olympic_mean_as_result_summarizer():
 def test_ten_runs_with_rcp_scaling(tmp_path):
     minutes = [31.0, 20.0, 22.5, 25.0, 21.0, 24.0, 23.0, 26.0, 30.5, 19.0]
     paths = lf.write_runs(tmp_path, lf.ten_runs(minutes, samples=3072, gbs=8))
-    score = scoring.score_runs(paths, scoring.rules_for("llama2_70b_lora"))
+    score = scoring.score_runs(paths, rules_for("llama2_70b_lora"))
     olympic = sum(sorted(minutes)[1:9]) / 8
     factor = rcp_mean("llama2_70b_lora", 8) / 3072
     assert factor > 1
@@ -75,14 +76,14 @@ def test_ten_runs_with_rcp_scaling(tmp_path):
 
 def test_slow_convergence_is_not_scaled(tmp_path):
     paths = lf.write_runs(tmp_path, lf.ten_runs(samples=4224, gbs=8))
-    score = scoring.score_runs(paths, scoring.rules_for("llama2_70b_lora"))
+    score = scoring.score_runs(paths, rules_for("llama2_70b_lora"))
     assert score["valid"] and score["rcp"]["scaling_factor"] == 1.0
     assert score["score_minutes"] == score["olympic_minutes"]
 
 
 def test_too_fast_convergence_fails_rcp(tmp_path):
     paths = lf.write_runs(tmp_path, lf.ten_runs(samples=1536, gbs=8))
-    score = scoring.score_runs(paths, scoring.rules_for("llama2_70b_lora"))
+    score = scoring.score_runs(paths, rules_for("llama2_70b_lora"))
     assert score["rcp"]["checked"] and score["rcp"]["pass"] is False
     assert not score["valid"] and any("RCP check failed" in r for r in score["reasons"])
 
@@ -91,7 +92,7 @@ def test_one_failed_run_is_the_dropped_slowest(tmp_path):
     specs = lf.ten_runs()
     specs[3] = dict(specs[3], converge=False)
     paths = lf.write_runs(tmp_path, specs)
-    score = scoring.score_runs(paths, scoring.rules_for("llama2_70b_lora"))
+    score = scoring.score_runs(paths, rules_for("llama2_70b_lora"))
     good = sorted(s["minutes"] for i, s in enumerate(specs) if i != 3)
     assert score["runs_failed"] == 1 and not score["runs"][3]["counted"]
     assert score["runs"][3]["status"] == "aborted" and not score["runs"][3]["converged"]
@@ -103,14 +104,14 @@ def test_two_failed_runs_make_it_invalid(tmp_path):
     specs = lf.ten_runs()
     for i in (2, 7):
         specs[i] = dict(specs[i], converge=False)
-    score = scoring.score_runs(lf.write_runs(tmp_path, specs), scoring.rules_for("llama2_70b_lora"))
+    score = scoring.score_runs(lf.write_runs(tmp_path, specs), rules_for("llama2_70b_lora"))
     assert score["olympic_minutes"] is None and score["score_minutes"] is None and not score["valid"]
     assert any("2 runs failed" in r and "seed 102" in r and "seed 107" in r for r in score["reasons"])
 
 
 def test_llama31_405b_median_of_three(tmp_path):
     specs = [{"minutes": m, "samples_to_converge": 276480, "gbs": 1152} for m in (130.0, 120.0, 125.0)]
-    score = scoring.score_runs(lf.write_runs(tmp_path, specs, "llama31_405b"), scoring.rules_for("llama31_405b"))
+    score = scoring.score_runs(lf.write_runs(tmp_path, specs, "llama31_405b"), rules_for("llama31_405b"))
     factor = rcp_mean("llama31_405b", 1152) / 276480
     assert score["valid"], score["reasons"]
     assert score["olympic_minutes"] == 125.0
@@ -118,7 +119,7 @@ def test_llama31_405b_median_of_three(tmp_path):
 
 
 def test_bad_inputs_get_reasons_not_tracebacks(tmp_path):
-    rules = scoring.rules_for("llama2_70b_lora")
+    rules = rules_for("llama2_70b_lora")
     specs = lf.ten_runs()
     paths = lf.write_runs(tmp_path, specs)
     text = paths[1].read_text()
@@ -135,7 +136,7 @@ def test_bad_inputs_get_reasons_not_tracebacks(tmp_path):
 
 
 def test_score_runs_reuses_precomputed_runs(tmp_path):
-    rules = scoring.rules_for("llama2_70b_lora")
+    rules = rules_for("llama2_70b_lora")
     paths = lf.write_runs(tmp_path, lf.ten_runs())
     runs = [scoring.score_run(p, rules) for p in paths]
     json.loads(json.dumps(runs))  # run.json must be plain JSON
@@ -146,13 +147,13 @@ def test_score_runs_reuses_precomputed_runs(tmp_path):
 
 
 def test_mini_lora_generic_checks(tmp_path):
-    rules = scoring.rules_for("mini_lora", required_runs=3, target="eval_accuracy<=2.5")
+    rules = rules_for("mini_lora", required_runs=3, target="eval_accuracy<=2.5")
     specs = [{"minutes": 1.0 + i / 10, "samples_to_converge": 512, "gbs": 16} for i in range(3)]
     score = scoring.score_runs(lf.write_runs(tmp_path, specs, "mini_lora"), rules)
     assert score["valid"] and score["olympic_minutes"] == pytest.approx(1.1)
     assert score["rcp"]["checked"] is False and "no MLPerf ruleset" in score["rcp"]["reason"]
     assert score["runs"][0]["compliance"]["checked"] is False
-    strict = scoring.rules_for("mini_lora", required_runs=3, target="eval_accuracy<=1.0")
+    strict = rules_for("mini_lora", required_runs=3, target="eval_accuracy<=1.0")
     score = scoring.score_runs(lf.write_runs(tmp_path, specs, "mini_lora"), strict)
     assert not score["valid"] and "not reached" in score["runs"][0]["reasons"][0]
 
@@ -238,7 +239,7 @@ def test_matches_official_result_summarizer(tmp_path, case):
     specs = [{"minutes": 20 + 1.37 * i, "samples_to_converge": s, "gbs": gbs, "converge": i != failed}
              for i, s in enumerate(samples)]
     paths = lf.write_runs(tmp_path / "runs", specs, benchmark)
-    score = scoring.score_runs(paths, scoring.rules_for(benchmark))
+    score = scoring.score_runs(paths, rules_for(benchmark))
     assert score["valid"], score["reasons"]
     pkg = write_submission_package(tmp_path / "pkg", submitter="mlrepro", system_name="sys1",
                                    system_desc={"number_of_nodes": "1", "accelerators_per_node": "8",

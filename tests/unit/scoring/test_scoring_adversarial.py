@@ -13,10 +13,12 @@ import pytest
 
 import logs_factory as lf
 from mlrepro.scoring import score as scoring
+from mlrepro.scoring.logs import collect_logs
+from mlrepro.scoring.rules import rules_for
 from mlrepro.util.fsutil import atomic_write_json
 from mlrepro.scoring.mllog import parse_log, parse_text
 
-MINI = scoring.rules_for("mini_lora", required_runs=3, target="eval_accuracy<=2.5")
+MINI = rules_for("mini_lora", required_runs=3, target="eval_accuracy<=2.5")
 
 
 def strict_json(path: Path):
@@ -97,7 +99,7 @@ def test_a_mixed_log_makes_the_result_invalid(tmp_path):
     paths = lf.write_runs(tmp_path, [{"minutes": 1.0 + i / 10, "samples_to_converge": 512} for i in range(3)],
                           "mini_lora")
     paths[0].write_text(paths[0].read_text() + paths[1].read_text())
-    strict = scoring.rules_for("mini_lora", required_runs=2, target="eval_accuracy<=2.5")  # none may fail
+    strict = rules_for("mini_lora", required_runs=2, target="eval_accuracy<=2.5")  # none may fail
     score = scoring.score_runs(paths, strict)
     assert not score["valid"] and score["runs_counted"] == 2
     assert not score["runs"][0]["counted"]
@@ -190,8 +192,8 @@ def test_identical_logs_are_one_run(tmp_path):
     folder.mkdir()
     for i in range(10):
         (folder / f"run_{i}.log").write_text("\n".join(lines) + "\n")
-    rules = scoring.rules_for("mini_lora", required_runs=10, target="eval_accuracy<=2.5")
-    files, _ = scoring.collect_logs([folder])
+    rules = rules_for("mini_lora", required_runs=10, target="eval_accuracy<=2.5")
+    files, _ = collect_logs([folder])
     score = scoring.score_runs(files, rules)
     assert len(score["runs"]) == 10
     assert sum(r["duplicate"] for r in score["runs"]) == 9

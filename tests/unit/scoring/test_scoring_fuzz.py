@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 import logs_factory as lf
 from mlrepro.scoring import score as scoring
+from mlrepro.scoring.rules import rules_for
 from mlrepro.scoring.mllog import parse_text
 
 MAX_EXAMPLES = 400
-RULES = scoring.rules_for("llama2_70b_lora")
+RULES = rules_for("llama2_70b_lora")
 BASE = lf.run_text(seed=7, minutes=21.5).encode()
 RUN_KEYS = {"file", "seed", "benchmark", "minutes", "status", "converged", "target_reached",
             "samples_to_converge", "global_batch_size", "evals", "compliance", "counted", "reasons", "problems"}
@@ -73,7 +74,7 @@ def test_corrupted_logs_never_raise(tmp_path, ops):
     # the same log among otherwise good runs: a score or reasons, never an exception
     good = [scoring.score_run(lf.write_run(tmp_path / f"g{i}.txt", seed=i, minutes=20 + i), RULES,
                               run_compliance=False) for i in range(2)]
-    score = scoring.score_runs([], scoring.rules_for("llama2_70b_lora", required_runs=3), runs=[run, *good])
+    score = scoring.score_runs([], rules_for("llama2_70b_lora", required_runs=3), runs=[run, *good])
     assert score["valid"] or score["reasons"]
     json.dumps(score)
     parse_text(data.decode("latin-1"))  # the parser alone, on the same bytes

@@ -20,7 +20,7 @@ import pytest
 
 from mlrepro import cli
 from mlrepro.scoring import report
-from mlrepro.scoring import tree_score
+from mlrepro.scoring import summarizer_compare, tree_score
 import workspace
 
 SAMPLE = workspace.FIXTURES / "mlperf_v5_sample"
@@ -44,7 +44,7 @@ def _official(tree: Path, workdir: Path) -> pd.DataFrame:
     proc = subprocess.run([sys.executable, "-m", "mlperf_logging.result_summarizer", f"{copy}/{{*}}", "training",
                            "5.0.0", "--csv", str(csv)], cwd=workdir, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    official = tree_score.summarizer_rows(workdir / "official_detailed.csv")
+    official = summarizer_compare.summarizer_rows(workdir / "official_detailed.csv")
     # Its URLs name the submitter and system file, not the folder it read: the same in both.
     return official
 
@@ -68,7 +68,7 @@ def test_every_result_equals_the_official_summarizer(sample_with_a_failed_folder
     assert _tree_digest(tree) == before, "scoring must not write into the tree"
     official = _official(tree, tmp_path)
 
-    both = tree_score.compare_with_summarizer(ours, official)
+    both = summarizer_compare.compare_with_summarizer(ours, official)
     assert len(both) == 9 and both["same"].all(), both[~both["same"]].to_string()
     assert set(ours["benchmark"]) == {"bert", "dlrm_dcnv2", "retinanet", "stable_diffusion", "llama2_70b_lora",
                                       "rgat", "llama31_405b"}
@@ -147,7 +147,7 @@ def test_unknown_ruleset_is_refused(capsys):
 def test_one_folder_with_benchmark_agrees_with_the_tree(tmp_path):
     """`mlrepro score FOLDER --benchmark B` (the per-run scorer) gives the tree's number for epoch-based
     benchmarks too, RCP scaling included."""
-    from mlrepro.scoring import score as scoring
+    from mlrepro.scoring.rules import rules_for
 
     table, _ = tree_score.score_tree([SAMPLE / "Dell"], ruleset="5.0.0", jobs=2)
     for bench in ("rgat", "stable_diffusion"):
@@ -163,4 +163,4 @@ def test_one_folder_with_benchmark_agrees_with_the_tree(tmp_path):
         assert abs(score["rcp"]["scaling_factor"] - row.rcp_factor) < 1e-9 and row.rcp_factor > 1
     serial, _ = tree_score.score_tree([SAMPLE / "Dell"], ruleset="5.0.0")
     assert serial.time_to_train.tolist() == table.time_to_train.tolist()
-    assert scoring.rules_for("rgat").required_runs == 10
+    assert rules_for("rgat").required_runs == 10

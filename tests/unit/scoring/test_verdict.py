@@ -23,6 +23,7 @@ from mlrepro import config as mlrepro_config
 from mlrepro import stages
 from mlrepro.scoring import reference
 from mlrepro.scoring import score as scoring
+from mlrepro.scoring.rules import rules_for
 from mlrepro.scoring import verdict
 from workspace import make_workspace
 import workspace
@@ -31,7 +32,7 @@ FIXTURES = workspace.FIXTURES
 PUBLISHED = FIXTURES / "training_results_v5.0"
 NYX = PUBLISHED / "NVIDIA" / "results" / "nyx_n1_ngc25.04_nemo" / "llama2_70b_lora"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-RULES = scoring.rules_for("llama2_70b_lora")
+RULES = rules_for("llama2_70b_lora")
 
 
 def shifted(src: Path, dest: Path, factor: float) -> Path:

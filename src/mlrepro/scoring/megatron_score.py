@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from mlrepro.util.fsutil import atomic_write_json
-from mlrepro.plan import hardware
-from mlrepro.pretrain.megatron_log import TrainingLog, parse_log
+from mlrepro.gpus import datasheet_peak_tflops
+from mlrepro.scoring.megatron_log import TrainingLog, parse_log
 
 STEADY_SKIP = 2  # log lines left out of the steady state: iteration 1 and the first interval (warm-up, allocation)
 
@@ -81,7 +81,7 @@ def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None 
     peak = None
     if gpu:
         try:
-            peak = hardware.datasheet_peak_tflops(gpu)
+            peak = datasheet_peak_tflops(gpu)
         except KeyError as exc:
             reasons.append(str(exc))
     last = log.iterations[-1] if log.iterations else None
@@ -120,7 +120,7 @@ def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None 
 def check_reference(record: dict, reference: str | Path, tolerance: float | None = None,
                     plot_to: str | Path | None = None) -> dict:
     """Add `loss_band` (and a `flags` entry naming the step when the loss leaves the band)."""
-    from mlrepro.pretrain import loss_band
+    from mlrepro.scoring import loss_band
 
     band = loss_band.load_reference(reference, tolerance)
     result = loss_band.check(record["curve"], band)
@@ -134,7 +134,7 @@ def check_reference(record: dict, reference: str | Path, tolerance: float | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlrepro.pretrain.megatron_score", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mlrepro.scoring.megatron_score", description=__doc__.splitlines()[0])
     parser.add_argument("log")
     parser.add_argument("--target-loss", type=float, required=True, help="validation loss that counts as converged")
     parser.add_argument("--gpu", help="GPU name (e.g. 'NVIDIA H100 80GB HBM3') for MFU against its datasheet peak")

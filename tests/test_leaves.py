@@ -1,0 +1,101 @@
+"""The leaves import nothing above them, the trainers nothing from mlrepro, and a trainer's own
+reading and writing of the file formats agrees with mlrepro.formats."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlrepro.formats import checkpoints, indexed
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "mlrepro"
+TRAINER = ROOT / "implementations" / "mini_gpt" / "train.py"
+
+
+def _mlrepro_imports(path: Path) -> set[str]:
+    """Every mlrepro module `path` imports, at its top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "mlrepro"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mlrepro":
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+@pytest.mark.parametrize("leaf", ["gpus.py", "formats/__init__.py", "formats/indexed.py", "formats/checkpoints.py"])
+def test_a_leaf_imports_only_util(leaf):
+    assert {m for m in _mlrepro_imports(SRC / leaf) if not m.startswith("mlrepro.util")} == set()
+
+
+def test_config_imports_no_scoring():
+    assert not [m for m in _mlrepro_imports(SRC / "config.py") if m.startswith("mlrepro.scoring")]
+
+
+def test_scoring_takes_gpu_figures_from_the_datasheets_not_the_planner():
+    users = {p.name for p in (SRC / "scoring").glob("*.py") if any(
+        m.startswith("mlrepro.plan") for m in _mlrepro_imports(p))}
+    assert users == set()
+
+
+@pytest.mark.parametrize("trainer", sorted((ROOT / "implementations").glob("*/*.py")), ids=lambda p: p.parent.name)
+def test_trainers_import_nothing_from_mlrepro(trainer):
+    assert _mlrepro_imports(trainer) == set()
+
+
+@pytest.fixture(scope="module")
+def train():
+    spec = importlib.util.spec_from_file_location("mini_gpt_train", TRAINER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_the_trainers_reader_reads_what_mlrepro_writes(train, tmp_path, dtype):
+    prefix = tmp_path / "corpus_text_document"
+    writer = indexed.IndexedWriter(f"{prefix}.bin", dtype)
+    docs = [[5, 6, 7], [], [1], list(range(100, 140))]  # an empty document adds no sequence
+    for doc in docs:
+        writer.add_document(doc)
+    writer.finalize(f"{prefix}.idx")
+    tokens = train.read_tokens(prefix)
+    assert tokens.dtype == np.dtype(dtype)
+    assert tokens.tolist() == [t for d in docs for t in d] == indexed.IndexedReader(prefix).tokens.tolist()
+
+
+def test_the_trainers_reader_refuses_what_is_not_megatrons(train, tmp_path):
+    prefix = tmp_path / "bad"
+    writer = indexed.IndexedWriter(f"{prefix}.bin")
+    writer.add_document([1, 2, 3])
+    writer.finalize(f"{prefix}.idx")
+    with open(f"{prefix}.bin", "ab") as fh:
+        fh.write(b"\0\0")
+    with pytest.raises(train.UsageError, match="its index describes 6"):
+        train.read_tokens(prefix)
+    Path(f"{prefix}.idx").write_bytes(b"NOTANIDX" + bytes(40))
+    with pytest.raises(train.UsageError, match="not a Megatron index"):
+        train.read_tokens(prefix)
+
+
+def test_the_trainers_checkpoints_are_the_folders_mlrepro_reads(train, tmp_path):
+    for step, loss in [(20, 5.0), (40, 4.0), (60, 4.5), (80, 4.8)]:
+        train.save_checkpoint(tmp_path, step, lambda d, s=step: (d / "state.pt").write_bytes(bytes([s])),
+                              {"val_loss": loss, "samples": step * 16})
+    (tmp_path / ".tmp_step_00000100.123").mkdir()  # a save killed halfway
+    (tmp_path / "step_00000120").mkdir()  # no meta.json: not complete
+    assert [c.step for c in checkpoints.listing(tmp_path)] == [20, 40, 60, 80]
+    train.prune_checkpoints(tmp_path, keep_last=1, keep_best=1)
+    # The same policy as mlrepro.formats.checkpoints.prune: the last one and the best by val_loss.
+    assert [c.step for c in checkpoints.listing(tmp_path)] == [40, 80]
+    last = checkpoints.latest(tmp_path)
+    assert (last.step, (last.path / "state.pt").read_bytes()) == (80, bytes([80]))
+    assert json.loads((last.path / "meta.json").read_text()) == {"step": 80, "val_loss": 4.8, "samples": 1280}
+    assert not (tmp_path / ".tmp_step_00000100.123").exists()
+    assert [c[0] for c in train.checkpoints(tmp_path)] == [40, 80]
