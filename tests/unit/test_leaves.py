@@ -13,7 +13,7 @@ import pytest
 
 from mlrepro.formats import checkpoints, indexed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "mlrepro"
 TRAINER = ROOT / "implementations" / "mini_gpt" / "train.py"
 
