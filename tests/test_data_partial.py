@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import config, stages
+from mlrepro import config
+from mlrepro.stages import data as stages
 from mlrepro.data import manifest
 from mlrepro.util.fsutil import atomic_dir
 

@@ -280,6 +280,12 @@ def _run(command: list[str], env: Mapping[str, object] | None = None, *, check: 
 # ---------------------------------------------------------------- submit
 
 
+def run_waiting(command: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess:
+    """An sbatch command line with --wait, run to its end: its exit status and output are the
+    caller's to judge (a job array's tasks are checked by their outputs, not by sbatch's status)."""
+    return _run(list(command), check=False, timeout=timeout)
+
+
 def sbatch_command(
     batch_script: str | os.PathLike,
     *,
