@@ -21,6 +21,12 @@ def _two_gpu_machine(ws: Path) -> str:
     system.update(name="device-2xh100", gpus_per_node=2)
     system["hardware"]["nvlink_domain_gpus"] = 2
     (ws / "config" / "systems" / "device-2xh100.yaml").write_text(yaml.safe_dump(system))
+    # The benchmark's two-rank layout first (the first layout that fits is the one planned).
+    bench_file = ws / "config" / "benchmarks" / "gpt_126m.yaml"
+    bench = yaml.safe_load(bench_file.read_text())
+    layouts = bench["pretrain"]["layouts"]
+    bench["pretrain"]["layouts"] = [x for x in layouts if x.get("dp") == 2] + [x for x in layouts if x.get("dp") != 2]
+    bench_file.write_text(yaml.safe_dump(bench, sort_keys=False))
     return "device-2xh100"
 
 
@@ -33,7 +39,7 @@ def test_a_local_multi_rank_megatron_seed_reserves_one_core_per_rank(tmp_path):
     assert plan.scheduler == "local" and plan.ranks == 2
     # As an MLPerf seed does: a local seed occupies one core per rank (and its memory).
     assert plan.local_threads == 2 and plan.local_mem_mb == 2000
-    assert plan.describe().startswith("gpt-125m on device-2xh100: 1 node(s) x 2 GPUs")
+    assert plan.describe().startswith("gpt-125m-2xdp on device-2xh100: 1 node(s) x 2 GPUs")
 
 
 def test_the_plan_is_kept_in_the_seed_folder_and_read_back(tmp_path):
