@@ -69,7 +69,7 @@ FLAGS = ("-n", "--cores", "2", "--quiet", "all")
 
 def timed(folder: Path, target: str, env: dict) -> float:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *FLAGS[:-1], target], cwd=folder, env=env,
+    proc = subprocess.run([sys.executable, "-m", "snakemake", target, *FLAGS], cwd=folder, env=env,
                           capture_output=True, text=True)
     took = time.perf_counter() - start
     if proc.returncode != 0:
