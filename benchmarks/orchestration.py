@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from workspace import make_workspace, run_snakemake  # noqa: E402
+from workspace import make_workspace, run_snakemake
 
 
 def table(rows: list[tuple[str, str]]) -> str:

@@ -1,6 +1,7 @@
 """Where everything lives under results/ and resources/, and the readers of the records kept there.
 
 Seed folder contract (results/<benchmark>/seed_<seed>/, private to the user):
+  plan.json     the launch plan the seed runs, written once when it starts (mlrepro.launch.job)
   mllog.txt     the run's MLLOG lines; written last, atomically: its presence means "done"
   run.log       the output of the last attempt that ended (the rule's log), secrets redacted
   run.json      the seed's score (the score_seed stage)
@@ -74,7 +75,7 @@ def implementation_dir(root: Path, benchmark: str) -> Path:
 
 
 def corpus_dir(root: Path, corpus: str) -> Path:
-    """resources/corpora/<corpus>/: everything the corpus stages make of one corpus (mlrepro.corpus.stages)."""
+    """resources/corpora/<corpus>/: everything the corpus stages make of one corpus (mlrepro.stages.corpus, mlrepro.corpus.tasks)."""
     return Path(root) / "resources" / "corpora" / corpus
 
 
@@ -168,6 +169,15 @@ def container_image(record: dict, *, pushed: bool) -> str | None:
 def read_job(seed_folder: Path) -> dict | None:
     """job.json of a seed: the launch of its current attempt."""
     return read_json_if_exists(seed_folder / "job.json")
+
+
+def plan_file(seed_folder: Path) -> Path:
+    """plan.json of a seed: the launch plan it runs (mlrepro.launch.job.SeedPlan), written when it starts."""
+    return seed_folder / "plan.json"
+
+
+def read_plan(seed_folder: Path) -> dict | None:
+    return read_json_if_exists(plan_file(seed_folder))
 
 
 def read_failure(seed_folder: Path) -> dict | None:

@@ -2,6 +2,7 @@
 
 Reads the seed folders the launch stage writes (results/<benchmark>/seed_<N>/):
 
+    plan.json     the seed's launch plan (mlrepro.launch.job.SeedPlan)    the seed started
     job.json      {"job_id", "submitted", "sbatch", "attempt", "nodes"}  submitted to Slurm
     failure.json  {"reason", "state", "exit_code", "job_id", "nodes"}    the last attempt failed
     run.json      {"seed", "minutes", "status", "converged", ...}        the run finished
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from mlrepro import paths
+from mlrepro.pretrain.progress import format_elapsed
 from mlrepro.slurm import client as slurm
 
 
@@ -49,6 +51,8 @@ class SeedStatus:
     attempt: int | None = None
     converged: bool | None = None
     progress: dict | None = None  # a running pretraining seed's step, tokens, loss, ETA (mlrepro.pretrain.progress)
+    ranks: int | None = None  # the seed's plan (plan.json, written when it started): ranks and job time limit
+    walltime_minutes: int | None = None
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -95,6 +99,8 @@ def seed_status(seed: int, folder: Path,
     from mlrepro.pretrain import progress
 
     status = _seed_status(seed, folder, job_info)
+    if (plan := paths.read_plan(folder)) is not None:
+        status.ranks, status.walltime_minutes = plan.get("ranks"), plan.get("walltime_minutes")
     training = status.state not in (DONE, FAILED, MISSING) and not (folder / "mllog.txt").is_file()
     if training and (found := progress.live(folder)):
         status.progress = found
@@ -199,15 +205,6 @@ def configured_seeds(benchmark_dir: Path) -> list[int] | None:
         return list(config.load_benchmark(root, benchmark_dir.name).seeds)
     except config.ConfigError:
         return None  # the workflow reports it; status still shows the folders
-
-
-def format_elapsed(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 def format_table(rows: list[SeedStatus]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mlrepro.launch import plan as launch
+from mlrepro.launch import job as launch
 from mlrepro.slurm import client as slurm
 from workspace import make_workspace, run_snakemake, snakemake_cmd, wait_for
 

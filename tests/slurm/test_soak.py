@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro.launch import plan as launch
+from mlrepro.launch import job as launch
 from workspace import REPO, make_workspace, run_snakemake, snakemake_cmd, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

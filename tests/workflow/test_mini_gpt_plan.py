@@ -4,7 +4,7 @@ and a bad `segments:` block is refused naming the file and key (snakemake -n, no
 from __future__ import annotations
 
 from mlrepro import config
-from mlrepro.launch import plan as launch
+from mlrepro.kinds import mlperf as launch
 from workspace import make_workspace, planned_jobs, run_snakemake
 
 
@@ -12,7 +12,7 @@ def test_the_score_plans_the_corpus_stages_before_the_seeds(tmp_path):
     ws = make_workspace(tmp_path / "ws")
     proc = run_snakemake(ws, "-n", "--", "results/mini_gpt/score.json", timeout=300)
     jobs = planned_jobs(proc.stdout + proc.stderr)
-    # the corpus is preprocessed by one job (one array on Slurm, see mlrepro.corpus.array)
+    # the corpus is preprocessed by one job (one array on Slurm, see mlrepro.launch.array)
     assert jobs["train_seed"] == 3 and jobs["corpus_preprocess"] == 1 and jobs["corpus_blend"] == 1
     assert "dataset" not in jobs and "base_checkpoint" not in jobs  # pretrained from scratch on the corpus
     # Every seed waits for the corpus's blend (and the container), which the corpus stages build.

@@ -43,13 +43,13 @@ def test_invalid_preflight_config_stops_the_dag(tmp_path):
 def test_seed_hook_names_the_failing_gpu_from_its_record(tmp_path):
     """What run_seed_local reads after run_and_time returned PREFLIGHT_EXIT: the node's record."""
     shutil.copy(H100 / "degraded" / "preflight_quick.json", tmp_path / quick.RECORD)
-    why = launch._preflight_reason(tmp_path)
+    why = launch.preflight_reason(tmp_path)
     assert why.startswith("preflight failed on ") and "GPU0 (NVIDIA H100 80GB HBM3)" in why
-    assert launch._preflight_reason(tmp_path / "none") is None  # exit 126 without a record: not the preflight
+    assert launch.preflight_reason(tmp_path / "none") is None  # exit 126 without a record: not the preflight
 
 
 def test_seed_hook_passes_a_cpu_node(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("")
-    assert launch._preflight_failed(log) is False
+    assert launch.preflight_failed(log) is False
     assert json.loads((tmp_path / quick.RECORD).read_text())["verdict"] != "fail"

@@ -1,11 +1,9 @@
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import paths
-from mlrepro.launch import plan as launch
-from mlrepro import systems as mlrepro_systems
+from mlrepro import kinds, paths
+from mlrepro.kinds import systems as mlrepro_systems
 from mlrepro.util.fsutil import private_umask
-from mlrepro.pretrain import megatron_plan
 from mlrepro.baseline import megatron as baseline_megatron
 from mlrepro.preflight import run as preflight_run
 
@@ -52,7 +50,7 @@ _CHECKED = {}
 
 
 def bench(name):
-    """The benchmark, once the chosen system is known to run it (see mlrepro.systems).
+    """The benchmark, once the chosen system is known to run it (see mlrepro.kinds.systems).
 
     Every input function goes through here, so a benchmark the system cannot run stops the
     DAG before any job, with one message; it is checked again once the implementation is fetched.
@@ -101,19 +99,21 @@ def seed_results(wc):
     return {"runs": files["run.json"], "mllogs": files["mllog.txt"], "deleted": files.get("deleted", [])}
 
 
+_PLANS = {}
+
+
 def seed_plan(wc, attribute):
-    """One attribute of the seed's launch plan (see mlrepro.launch.plan.SeedPlan).
+    """One attribute of the seed's plan as the DAG sees it (the kind's dag_plan, a
+    mlrepro.launch.job.SeedPlan), planned once per seed in this process.
 
     Until a git implementation is fetched its configs are unknown: Snakemake asks before the
-    checkpoint has run, gets a placeholder, and asks again once it has.
+    checkpoint has run, gets a placeholder, and asks again once it has (a new key, planned anew).
     """
-    if bench(wc.benchmark).is_pretrain:
-        return getattr(megatron_plan.seed_plan(SETTINGS.root, bench(wc.benchmark), SYSTEM.name,
-                                              SETTINGS.pretrain_overrides, seed=int(wc.seed)), attribute)
-    if not mlrepro_systems.implementation_known(SETTINGS.root, bench(wc.benchmark)):
-        return {"describe": "shape known once the implementation is fetched", "local_threads": 1,
-                "local_mem_mb": 100, "walltime_minutes": 60}[attribute]
-    value = getattr(launch.plan_seed(SETTINGS, wc.benchmark, int(wc.seed)), attribute)
+    b = bench(wc.benchmark)
+    key = (wc.benchmark, int(wc.seed), mlrepro_systems.implementation_known(SETTINGS.root, b))
+    if key not in _PLANS:
+        _PLANS[key] = kinds.of(b).dag_plan(SETTINGS, wc.benchmark, int(wc.seed))
+    value = getattr(_PLANS[key], attribute)
     return value() if callable(value) else value
 
 
@@ -151,10 +151,9 @@ def seed_data(wc):
     b = bench(wc.benchmark)
     files = {stage: f"resources/{wc.benchmark}/{folder}/manifest.json"
              for stage, folder in paths.STAGE_FOLDERS.items() if getattr(b, stage)}
-    if b.is_pretrain:
-        files["corpus"] = str(megatron_plan.benchmark_corpus_dir(Path("."), b) / "data_prefix.json")
-    elif b.corpus:
-        files["corpus"] = str(paths.corpus_dir(Path("."), b.corpus) / "data_prefix.json")
+    corpus = kinds.of(b).corpus_folder(Path("."), b)
+    if corpus is not None:
+        files["corpus"] = str(corpus / "data_prefix.json")
     return {name: ancient(f) for name, f in files.items()}
 
 
@@ -164,10 +163,7 @@ def implementation_files(wc):
 
     ready = implementation_ready(wc)
     b = bench(wc.benchmark)
-    if b.is_pretrain:
-        folder = b.implementation_dir  # one folder for every layout: the planner, not config_<SYS>.sh, sets it
-    else:
-        folder = launch.implementation_config(b, SYSTEM).path.parent
+    folder = kinds.of(b).implementation_folder(b, SYSTEM)
     return ready + [str(folder / p) for p in container.context_files(folder)]
 
 

@@ -3,8 +3,9 @@
 # concatenate → preprocess → the blend. Download and preprocess are one job each whose tasks
 # (RANK/WORLD_SIZE shares; chunks) are ONE Slurm job array on a Slurm system (the job submits it
 # and waits: it takes no CPU) or parallel work here; a task whose output is there is not rerun.
-# Logic: mlrepro.corpus.
-from mlrepro.corpus import stages as corpus_stages
+# Logic: mlrepro.stages.corpus (the rules), mlrepro.corpus (the corpus's work).
+from mlrepro.corpus import tasks as corpus_tasks
+from mlrepro.stages import corpus as corpus_stages
 
 
 CORPUS = "resources/corpora/{corpus}"
@@ -26,7 +27,7 @@ rule corpus_download:
         "{params.plan}"
     localrule: True
     script:
-        "../scripts/corpus.py"
+        "../scripts/stage.py"
 
 
 checkpoint corpus_downloaded:
@@ -38,7 +39,7 @@ checkpoint corpus_downloaded:
         "logs/corpora/{corpus}/downloaded.log",
     localrule: True
     script:
-        "../scripts/corpus.py"
+        "../scripts/stage.py"
 
 
 rule corpus_extract:
@@ -51,7 +52,7 @@ rule corpus_extract:
     resources:
         **slurm_resources(),
     script:
-        "../scripts/corpus.py"
+        "../scripts/stage.py"
 
 
 rule corpus_concat:
@@ -64,7 +65,7 @@ rule corpus_concat:
     resources:
         **slurm_resources(),
     script:
-        "../scripts/corpus.py"
+        "../scripts/stage.py"
 
 
 rule corpus_tokenizer:
@@ -74,14 +75,14 @@ rule corpus_tokenizer:
         "logs/corpora/{corpus}/tokenizer.log",
     localrule: True
     script:
-        "../scripts/corpus.py"
+        "../scripts/stage.py"
 
 
 rule corpus_preprocess:
     input:
         # With bytes_per_chunk the chunk count is known once the download is verified (a checkpoint).
-        jsonl=lambda wc: corpus_stages.preprocess_inputs(SETTINGS.corpora[wc.corpus], workflow.basedir,
-                                                         lambda: checkpoints.corpus_downloaded.get(**wc).output[0]),
+        jsonl=lambda wc: corpus_tasks.preprocess_inputs(SETTINGS.corpora[wc.corpus], workflow.basedir,
+                                                        lambda: checkpoints.corpus_downloaded.get(**wc).output[0]),
         tokenizer=f"{CORPUS}/tokenizer/fetched.json",
     output:
         f"{CORPUS}/preprocessed.json",
@@ -97,7 +98,7 @@ rule corpus_preprocess:
         mem_mb=lambda wc, threads: 1024 * (threads + 1),
     localrule: True
     script:
-        "../scripts/corpus.py"
+        "../scripts/stage.py"
 
 
 rule corpus_blend:
@@ -109,4 +110,4 @@ rule corpus_blend:
         "logs/corpora/{corpus}/blend.log",
     localrule: True
     script:
-        "../scripts/corpus.py"
+        "../scripts/stage.py"

@@ -1,7 +1,7 @@
 """Workload (a) of the baseline (seed 003): Megatron-LM GPT through the pretraining family's benchmark.
 
 A short run per precision on the system's node, launched the way the benchmark's seeds are
-(mlrepro.pretrain.megatron_seed): Megatron-LM at the benchmark's pinned commit (or the workflow's
+(mlrepro.kinds.megatron): Megatron-LM at the benchmark's pinned commit (or the workflow's
 `pretrain: {megatron: <folder or .tar.gz>}`), the planner's torchrun line
 (megatron_launch.torchrun_line), executed by the implementation's run_and_time.sh. Data is
 Megatron's own synthetic data (--mock-data), so the baseline needs no corpus; validation is off
@@ -30,7 +30,8 @@ from mlrepro.gpus import datasheet_peak_tflops
 from mlrepro.plan import memory, models, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.preflight.run import healthy_record
-from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_seed
+from mlrepro.kinds.megatron import ensure_megatron
+from mlrepro.pretrain import megatron_launch, megatron_plan
 from mlrepro.scoring import megatron_log, megatron_score
 from mlrepro.util import proc
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
@@ -200,7 +201,7 @@ def run(settings: mlrepro_config.Settings, b: dict, precision: str, preflight_js
         return row
     pre = healthy_record(Path(preflight_json))
     lay = layout_of(m, system.gpus_per_node)
-    megatron_dir = megatron_seed.ensure_megatron(settings, m["benchmark"])
+    megatron_dir = ensure_megatron(settings, m["benchmark"])
     launch_file = out_json.with_suffix(".launch.sh")
     line = megatron_launch.torchrun_line(launch_run(model, lay, m, precision), nproc=lay.gpus)
     atomic_write_text(launch_file, line + "\n")
@@ -228,13 +229,3 @@ def run(settings: mlrepro_config.Settings, b: dict, precision: str, preflight_js
         raise RuntimeError(f"Megatron-LM baseline run ({precision}) failed: {why}; Megatron's log: {megatron_log_path}")
     atomic_write_json(out_json, row)
     return row
-
-
-def run_from_snakemake(smk) -> None:
-    """The baseline_megatron rule (workflow/rules/preflight.smk)."""
-    from mlrepro.stages import stage_process
-
-    settings = mlrepro_config.load(smk.config, Path.cwd())
-    with stage_process(Path(smk.log.stage)):
-        run(settings, smk.params.settings["baseline"], smk.wildcards.precision, Path(smk.input.preflight),
-            Path(smk.output.json), Path(smk.log.megatron))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.data import checks, hub, manifest, mounts, scripts
-from mlrepro.launch import plan as launch
 from mlrepro.util.fsutil import atomic_dir
 from mlrepro.util.proc import run_logged
 
@@ -20,9 +20,11 @@ log = logging.getLogger(__name__)
 CONTAINER_OUT = "/mlrepro/out"
 
 
-def fill_stage(settings: mlrepro_config.Settings, benchmark: str, stage: str, out: Path, log_path: Path) -> None:
+def fill_stage(settings: mlrepro_config.Settings, benchmark: str, stage: str, out: Path, log_path: Path,
+               implementation_folder: Callable[[], Path]) -> None:
     """Fill resources/<benchmark>/<stage>/ from the benchmark's sources (or record the user's folder
-    for a user_path source), verify it, write its manifest."""
+    for a user_path source), verify it, write its manifest. `implementation_folder()` gives the folder
+    whose scripts and expected-mounts.csv the stage uses (asked after the checks that need no folder)."""
 
     bench = settings.benchmark(benchmark)
     spec = getattr(bench, stage)
@@ -33,7 +35,7 @@ def fill_stage(settings: mlrepro_config.Settings, benchmark: str, stage: str, ou
     # in the environment, off every command line and, redacted, out of every log.
     token_env = {TOKEN_ENV: checks.require_token(TOKEN_ENV, purpose=f"the {benchmark} {stage}")} \
         if spec["needs_token"] else {}
-    impl = launch.implementation_config(bench, settings.system).path.parent
+    impl = implementation_folder()
     mounts_csv = impl / "expected-mounts.csv"
     expected = mounts.read_expected_mounts(mounts_csv) if mounts_csv.is_file() else []
     # Absolute: the implementation's scripts run from its own folder (or in a container).

@@ -14,17 +14,17 @@ from pathlib import Path
 
 from mlrepro import paths
 from mlrepro.config import System
-from mlrepro.launch.plan import (
+from mlrepro.launch.job import (
     RESERVE_BYTES,
     RESERVE_NAME,
     SeedFailed,
     SeedPlan,
-    _io_failure,
-    _next_attempt,
-    _now,
-    _private,
-    _run_env,
+    io_failure,
+    next_attempt,
+    now,
+    private_folders,
     record_failure,
+    run_env,
 )
 from mlrepro.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
@@ -62,7 +62,7 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
     marker = child_env[proctree.MARKER]
     hide = secrets.redactor(child_env)
     write_error: list[str] = []
-    if _preflight_failed(Path(log_path)):
+    if preflight_failed(Path(log_path)):
         return PREFLIGHT_EXIT
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
@@ -169,11 +169,11 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     marker = proctree.seed_marker(seed_dir)  # every attempt's processes (stopped before a new attempt)
     try:
         seed_dir.mkdir(parents=True, exist_ok=True)
-        _private(seed_dir, *seed_dir.glob("attempt_*"), *seed_dir.glob(".submitit"))
+        private_folders(seed_dir, *seed_dir.glob("attempt_*"), *seed_dir.glob(".submitit"))
     except OSError as exc:
-        _io_failure(plan, exc)
+        io_failure(plan, exc)
     _stop_earlier_attempts(seed_dir, marker)
-    attempt = _next_attempt(seed_dir)
+    attempt = next_attempt(seed_dir)
     # What this attempt starts, stops and guards: an earlier attempt's watchdog (its workflow
     # SIGKILLed a moment ago) may still be at work, and must not take this attempt for its own.
     ours = proctree.attempt_marker(marker, attempt)
@@ -191,7 +191,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
         executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
                                    signal_delay_s=5)
-        env = _run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"), **{proctree.MARKER: ours},
+        env = run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"), **{proctree.MARKER: ours},
                        **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu" else {}))
         watchdog = proctree.start_watchdog(ours)
         # submitit's controller and job inherit os.environ: with the marker they are the seed's too.
@@ -218,7 +218,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         finally:
             _take_log(attempt_log, run_log)
     except OSError as exc:
-        _io_failure(plan, exc)
+        io_failure(plan, exc)
     finally:
         with contextlib.suppress(proctree.Survivors):
             proctree.kill(ours)
@@ -228,7 +228,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     _check_exit(plan, rc, attempt, attempt_log, run_log)
 
 
-def _preflight_failed(log_path: Path) -> bool:
+def preflight_failed(log_path: Path) -> bool:
     """The quick preflight inside the allocation (mlrepro.preflight.quick); True when this node failed it."""
     from mlrepro.preflight import quick
 
@@ -242,7 +242,7 @@ def _preflight_failed(log_path: Path) -> bool:
     return why is not None
 
 
-def _preflight_reason(logdir: Path) -> str | None:
+def preflight_reason(logdir: Path) -> str | None:
     """Why the attempt's quick preflight failed its node (exit 126 is also bash's "cannot execute")."""
     from mlrepro.preflight import quick
 
@@ -258,7 +258,7 @@ def _record_job(plan: SeedPlan, controller_pid: int, attempt: int, logdir: Path)
         plan.seed_dir / "job.json",
         {"scheduler": "local", "host": socket.gethostname(), "controller_pid": controller_pid,
          "owner_pid": os.getpid(), "owner_start": proctree.start_time(os.getpid()), "attempt": attempt,
-         "logdir": str(logdir), "submitted": _now(), "ranks": plan.ranks,
+         "logdir": str(logdir), "submitted": now(), "ranks": plan.ranks,
          "walltime_minutes": plan.walltime_minutes},
     )
 
@@ -271,9 +271,9 @@ def _check_exit(plan: SeedPlan, rc: int, attempt: int, attempt_log: Path, run_lo
         try:
             _probe_writable(attempt_log.parent)
         except OSError as exc:
-            _io_failure(plan, exc)
-        _io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
-    if rc == PREFLIGHT_EXIT and (why := _preflight_reason(attempt_log.parent)):
+            io_failure(plan, exc)
+        io_failure(plan, OSError(f"the run's log {attempt_log} could not be written"))
+    if rc == PREFLIGHT_EXIT and (why := preflight_reason(attempt_log.parent)):
         host = paths.read_json_if_exists(attempt_log.parent / quick.RECORD)
         record_failure(plan.seed_dir, why, state="PREFLIGHT_FAILED", attempt=attempt, suspect_nodes=[host["host"]],
                        preflight=host)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from mlrepro import paths
 from mlrepro.config import System
-from mlrepro.launch.plan import (
+from mlrepro.launch.job import (
     SeedFailed,
     SeedPlan,
-    _io_failure,
-    _now,
-    _run_env,
+    io_failure,
+    now,
     record_failure,
+    run_env,
 )
 from mlrepro.util import secrets
 from mlrepro.util.fsutil import atomic_write_json
@@ -40,7 +40,7 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
     logdir = seed_dir / f"attempt_{attempt}"
     logdir.mkdir(parents=True, exist_ok=True)
     suspects = sorted(set((paths.read_failure(seed_dir) or {}).get("suspect_nodes", [])))
-    env = _run_env(plan, logdir, CONT=_container_image(plan))
+    env = run_env(plan, logdir, CONT=_container_image(plan))
     exclude = tuple(system.exclude_nodes) + tuple(n for n in suspects if n not in system.exclude_nodes)
     command = slurm.for_attempt(plan.sbatch, exclude=exclude, output=logdir / "slurm-%j.out", workdir=logdir)
     try:
@@ -60,7 +60,7 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
         "logdir": str(logdir),
         "exclude": list(exclude),
         "sbatch": command,
-        "submitted": _now(),
+        "submitted": now(),
     }
     atomic_write_json(seed_dir / "job.json", job)
     log.info("seed %d: submitted Slurm job %s (attempt %d)", plan.seed, job_id, attempt)
@@ -94,7 +94,7 @@ def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     try:
         _run_seed_slurm(plan, system, run_log)
     except OSError as exc:
-        _io_failure(plan, exc)
+        io_failure(plan, exc)
 
 
 def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
@@ -113,7 +113,7 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     run_log.write_text("".join(p.read_text(errors="replace") for p in logs) if logs else "")
     atomic_write_json(
         seed_dir / "job.json",
-        {**job, "collected": _now(), "state": info.state, "end": info.end, "elapsed_s": info.elapsed_seconds,
+        {**job, "collected": now(), "state": info.state, "end": info.end, "elapsed_s": info.elapsed_seconds,
          "nodes": list(info.nodes)},
     )
     if info.state != "COMPLETED":

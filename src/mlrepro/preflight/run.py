@@ -163,29 +163,3 @@ def healthy_record(path: Path) -> dict:
     if pre["summary"]["verdict"] == "fail":
         raise RuntimeError(f"preflight failed on this system ({path}): no baseline on a bad node")
     return pre
-
-
-def run_from_snakemake(smk) -> None:
-    """The preflight and baseline rules (workflow/rules/preflight.smk)."""
-    import json
-
-    from mlrepro import config
-    from mlrepro.stages import stage_process
-
-    settings = config.load(smk.config, Path.cwd())
-    system = settings.system
-    out_dir = Path(smk.output.json).parent
-    with stage_process(Path(smk.log[0])):
-        if smk.rule == "preflight":
-            preflight(system.name, smk.params.settings, system.gpus_per_node if system.device == "cuda" else None, out_dir)
-            return
-        from mlrepro.baseline.run import baseline
-
-        from mlrepro.baseline import megatron
-
-        healthy_record(Path(smk.input.preflight))
-        if system.device == "cuda":  # the baseline_megatron jobs' rows
-            rows = [json.loads(Path(p).read_text()) for p in smk.input.megatron]
-        else:
-            rows = megatron.not_applicable_rows(settings.root, system, smk.params.settings["baseline"])
-        baseline(system.name, smk.params.settings, out_dir, rows)

@@ -18,6 +18,7 @@ import math
 import shlex
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
@@ -151,7 +152,7 @@ def data_mount(corpus_dir: Path, scheduler: str) -> str:
 def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention: str | None = None, *,
              prepared: bool = True) -> megatron_launch.Run:
     """Seed `seed`'s Megatron-LM run of the planned benchmark. The one builder: the seed runs it
-    (megatron_seed.plan_seed) and the dry run and the plan command show it (launch_line), so what
+    (mlrepro.kinds.megatron.plan_seed) and the dry run and the plan command show it (launch_line), so what
     a plan shows is what the seed runs.
 
     The data is the corpus stages' blend and tokenizer; it is already tokenized, so Megatron gets
@@ -290,13 +291,10 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     return "\n".join(out), refused
 
 
-@dataclasses.dataclass(frozen=True)
-class SeedPlan:
-    """What the workflow's train rule asks of a seed (the attributes of launch.SeedPlan it reads)."""
+class DryRun(NamedTuple):
+    """What `snakemake -n` shows of a seed: the plan's lines, one string, and the job's time limit."""
     describe: str
     walltime_minutes: int
-    local_threads: int = 1
-    local_mem_mb: int = 100
 
 
 def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Planned:
@@ -312,17 +310,17 @@ def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Plann
     raise Refused(f"{bench.name} cannot run on system {system!r}: " + "; ".join(reasons))
 
 
-def seed_plan(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,
-              corpus_dir: Path | None = None, seed: int | None = None) -> SeedPlan:
+def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,
+            corpus_dir: Path | None = None, seed: int | None = None, planned: Planned | None = None) -> DryRun:
     """The dry run's one-line plan of seed `seed` (the benchmark's first by default): the first layout
-    that fits the system (see first_fit), shaped by the workflow's `pretrain:` overrides, and the
-    launch line seed_run builds for it, as megatron_seed.plan_seed will run them."""
+    that fits the system (see first_fit; or `planned`, already shaped), shaped by the workflow's
+    `pretrain:` overrides, and the launch line seed_run builds for it, as mlrepro.kinds.megatron runs them."""
     overrides = overrides or {}
-    p = shaped(first_fit(root, bench, system), overrides)
+    p = planned or shaped(first_fit(root, bench, system), overrides)
     scheduler = mlrepro_config.load_system(root, system).scheduler
     lines = describe(p, scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
                      bench.seeds[0] if seed is None else seed, overrides.get("attention"))
-    return SeedPlan(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
+    return DryRun(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,9 +68,16 @@ def live(seed_dir: Path) -> dict | None:
 
 def describe(p: dict) -> str:
     """'step 120/400, 245,760 tokens, loss 3.520, ETA 0:36 (0.130 s/step)'."""
-    from mlrepro.status import format_elapsed
-
     tokens = f", {p['tokens']:,} tokens" if p.get("tokens") is not None else ""
     loss = f", loss {p['loss']:.3f}" if p.get("loss") is not None else ""
     return (f"step {p['step']}/{p['max_steps']}{tokens}{loss}, ETA {format_elapsed(p['eta_s'])} "
             f"({p['iter_s']:.3f} s/step)")
+
+
+def format_elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

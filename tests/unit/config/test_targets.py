@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import config, profiles, systems
+from mlrepro import config, profiles
+from mlrepro.kinds import systems
 from workspace import REPO, make_workspace, planned_jobs
 
 BENCHMARKS = config.benchmark_names(REPO)

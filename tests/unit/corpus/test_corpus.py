@@ -16,8 +16,11 @@ import zstandard
 
 from mlrepro import config as mlrepro_config
 from mlrepro.data import checks
-from mlrepro.corpus import array, blend, concat, extract, minicorpus, preprocess, shards, stages
+from mlrepro.corpus import blend, concat, extract, minicorpus, preprocess, shards
+from mlrepro.corpus import tasks as corpus_tasks
 from mlrepro.formats import indexed
+from mlrepro.launch import array
+from mlrepro.stages import corpus as stages
 from mlrepro.corpus import tokenizer as corpus_tokenizer
 import workspace
 
@@ -384,7 +387,7 @@ def test_bytes_per_chunk_groups_by_size_in_a_stable_order(tmp_path):
         minicorpus.write_jsonl(f, minicorpus.documents(n, seed=i))
         files.append(f)
     corpus = {"name": "b", "concat": {"bytes_per_chunk": files[0].stat().st_size + files[1].stat().st_size}}
-    chunks = stages.chunk_plan(corpus, [f.stat().st_size for f in files])
+    chunks = corpus_tasks.chunk_plan(corpus, [f.stat().st_size for f in files])
     assert chunks[0] == range(0, 2) and sum(len(c) for c in chunks) == 4
     outs = []
     for attempt in range(2):
@@ -449,13 +452,13 @@ def test_hub_repository_source_with_a_token_by_name(tmp_path, monkeypatch):
 
 def test_array_indices_script_and_local_tasks(tmp_path):
     assert array.indices_text([0, 1, 2, 3]) == "0-3" and array.indices_text([7, 3, 8, 9, 12]) == "3,7-9,12"
-    plan = array.ArrayPlan("c", "download", 16, tmp_path / "c", cpus=1)
+    plan = array.ArrayPlan("c", "download", 16, tmp_path / "c", cpus=1, task_module="mlrepro.corpus.tasks")
     line = array.sbatch_line(plan, [3, 7], tmp_path, "debug", None)
     assert "--array=3,7" in line and "--wait" in line and "--partition=debug" in line
     assert line[-1] == str(plan.script)
     array.write_script(plan, {"name": "c"}, tmp_path)
     script = plan.script.read_text()
-    assert "RANK=$SLURM_ARRAY_TASK_ID WORLD_SIZE=16" in script and "-m mlrepro.corpus.array download" in script
+    assert "RANK=$SLURM_ARRAY_TASK_ID WORLD_SIZE=16" in script and "-m mlrepro.corpus.tasks download" in script
     assert json.loads(plan.spec.read_text()) == {"name": "c"}
     ran = []
     array.run_local(plan, [0, 2], ran.append, parallel=2)
@@ -468,7 +471,7 @@ def test_array_indices_script_and_local_tasks(tmp_path):
     with pytest.raises(array.ArrayError, match="task 1: boom"):
         array.run_local(plan, [0, 1, 2], flaky, parallel=3)
     with pytest.raises(array.ArrayError, match=r"task\(s\) 2 of 16.*download_task_2.log"):
-        array._check(plan, tmp_path, [1, 2], lambda i: i == 1, "42", "")
+        array.check_outputs(plan, tmp_path, [1, 2], lambda i: i == 1, "42", "")
 
 
 def test_stage_tasks_already_done_are_not_run_again(tmp_path):
@@ -480,7 +483,7 @@ def test_stage_tasks_already_done_are_not_run_again(tmp_path):
     (base / "download/task_0.json").write_text(json.dumps({"world": 3, "files": {}, "missing": []}))
     (base / "download/task_1.json").write_text(json.dumps({"world": 4, "files": {}, "missing": []}))
     ran = []
-    stages._run_tasks(corpus, tmp_path, None, "download", 3, lambda r: stages._task_done(corpus, tmp_path, r),
+    stages.run_tasks(corpus, tmp_path, None, "download", 3, lambda r: corpus_tasks.task_done(corpus, tmp_path, r),
                       ran.append, parallel=3)
     assert sorted(ran) == [1, 2]
     (base / "concat").mkdir()
@@ -491,7 +494,7 @@ def test_stage_tasks_already_done_are_not_run_again(tmp_path):
             (base / f"preprocessed/train_chunk_{g}_text_document{s}").write_bytes(b"")
     os.utime(base / "concat/train_chunk_1.jsonl", (time.time() + 5, time.time() + 5))  # concatenated again
     ran.clear()
-    stages._run_tasks(corpus, tmp_path, None, "preprocess", 3, lambda g: stages._chunk_done(corpus, tmp_path, g),
+    stages.run_tasks(corpus, tmp_path, None, "preprocess", 3, lambda g: corpus_tasks.chunk_done(corpus, tmp_path, g),
                       ran.append, parallel=1)
     assert ran == [1, 2]
 

@@ -10,7 +10,8 @@ import textwrap
 import pytest
 import yaml
 
-from mlrepro import config, stages
+from mlrepro import config
+from mlrepro.stages import data as stages
 from mlrepro.data import manifest
 from mlrepro.util.fsutil import atomic_dir
 import workspace

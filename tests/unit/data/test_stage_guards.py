@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro import config, stages
+from mlrepro import config
+from mlrepro.stages import data as stages
 from mlrepro.data import checks, pipeline
 from workspace import REPO, make_workspace, run_snakemake
 

@@ -1,4 +1,4 @@
-"""A GPT pretraining seed as a launch plan (mlrepro.pretrain.megatron_seed): the planner's launch line
+"""A GPT pretraining seed as a launch plan (mlrepro.kinds.megatron): the planner's launch line
 on the corpus stages' blend, torchrun on one machine and run.sub on Slurm; the Megatron log kept as
 the seed's log; and the whole chain (corpus stages → train_seed → score_seed → score) through
 snakemake with a CPU stand-in for pretrain_gpt.py (tests/fixtures/megatron_standin)."""
@@ -16,8 +16,9 @@ import pytest
 from mlrepro import config as mlrepro_config
 from mlrepro.corpus import blend, minicorpus
 from mlrepro.formats import indexed
-from mlrepro.launch import plan as launch
-from mlrepro.pretrain import megatron_plan, megatron_seed
+from mlrepro.launch import job as launch
+from mlrepro.kinds import megatron as megatron_seed
+from mlrepro.pretrain import megatron_plan
 from workspace import make_workspace, run_snakemake
 import workspace
 
@@ -76,7 +77,7 @@ def test_slurm_seed_is_run_sub_with_per_rank_arguments(tmp_path):
 
 @pytest.mark.parametrize("system", ["device-h100", "dgxh100-64x8"])
 def test_the_dry_run_shows_the_line_each_seed_runs(tmp_path, system):
-    """Seed N's dry-run message (megatron_plan.seed_plan) shows the line megatron_seed.plan_seed runs
+    """Seed N's dry-run message (megatron_plan.dry_run) shows the line megatron_seed.plan_seed runs
     for seed N: its seed number, warm-up, tokenizer, attention and Megatron-LM's local implementation.
     On Slurm the message shows run.sub's srun in front of the per-rank arguments the seed writes."""
     ws = _workspace(tmp_path / "ws")
@@ -86,7 +87,7 @@ def test_the_dry_run_shows_the_line_each_seed_runs(tmp_path, system):
     bench = settings.benchmark("gpt_126m")
     runs = {}
     for seed in bench.seeds:
-        head, *_, shown = megatron_plan.seed_plan(ws, bench, system, settings.pretrain_overrides,
+        head, *_, shown = megatron_plan.dry_run(ws, bench, system, settings.pretrain_overrides,
                                                   seed=seed).describe.split(" | ")
         runs[seed] = megatron_seed.plan_seed(settings, "gpt_126m", seed).env["MEGATRON_LINE"]
         assert head.endswith(f"launch line of seed {seed}")
@@ -105,7 +106,7 @@ def test_a_seed_refuses_to_start_before_the_corpus_stages_have_run(tmp_path):
     """The dry run shows UNPREPARED for the corpus it has not seen yet; the seed itself refuses."""
     ws = make_workspace(tmp_path / "ws")
     settings = _settings(ws, "device-h100")
-    shown = megatron_plan.seed_plan(ws, settings.benchmark("gpt_126m"), "device-h100").describe
+    shown = megatron_plan.dry_run(ws, settings.benchmark("gpt_126m"), "device-h100").describe
     assert "preprocessed/UNPREPARED" in shown and "--vocab-size UNPREPARED" in shown
     with pytest.raises(mlrepro_config.ConfigError, match="data_prefix.json is missing: run the corpus stages"):
         megatron_seed.plan_seed(settings, "gpt_126m", 1)
@@ -117,7 +118,7 @@ def test_a_seed_of_another_launcher_refuses_what_its_plan_only_shows(tmp_path, b
     would otherwise train Megatron-LM under a plan that showed something else."""
     ws = _workspace(tmp_path / "ws")
     settings = mlrepro_config.load({"benchmarks": [benchmark], "system": system}, ws)
-    head = megatron_plan.seed_plan(ws, settings.benchmark(benchmark), system).describe.split(" | ")[0]
+    head = megatron_plan.dry_run(ws, settings.benchmark(benchmark), system).describe.split(" | ")[0]
     assert "own command, for review: mlrepro trains seeds with Megatron-LM only" in head
     with pytest.raises(mlrepro_config.ConfigError, match=rf"{benchmark}: layout .* own command .*launcher: megatron"):
         megatron_seed.plan_seed(settings, benchmark, 1)
@@ -139,7 +140,7 @@ def test_finished_megatron_log_becomes_the_seeds_log(tmp_path):
     plan.seed_dir.mkdir(parents=True)
     (plan.seed_dir / "failure.json").write_text("{}")  # an earlier attempt's
     out = plan.seed_dir / "mllog.txt"
-    megatron_seed.finish_seed(plan, FIXTURES / "megatron" / "megatron_sdpa.log", out)
+    megatron_seed.finish_seed(None, plan, FIXTURES / "megatron" / "megatron_sdpa.log", out)
     assert out.read_text() == (FIXTURES / "megatron" / "megatron_sdpa.log").read_text()
     assert not (plan.seed_dir / "failure.json").exists()
 
@@ -152,7 +153,7 @@ def test_truncated_megatron_log_fails_the_seed_naming_the_iteration(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("".join(lines[:cut + 1]))
     with pytest.raises(launch.SeedFailed, match="ends at iteration 150 of 300"):
-        megatron_seed.finish_seed(plan, log, plan.seed_dir / "mllog.txt")
+        megatron_seed.finish_seed(None, plan, log, plan.seed_dir / "mllog.txt")
     assert json.loads((plan.seed_dir / "failure.json").read_text())["state"] == "INCOMPLETE_LOG"
     assert not (plan.seed_dir / "mllog.txt").exists()
 

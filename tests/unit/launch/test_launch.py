@@ -1,4 +1,4 @@
-"""mlrepro.launch.plan and the seed stage, without Snakemake: plans, the local path through
+"""mlrepro.launch (job model, local backend), kinds.mlperf's plan and the seed stage, without Snakemake: plans, the local path through
 submitit with a tiny real implementation, failures, retries and the seed folder contract."""
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import pytest
 import yaml
 
 from mlrepro import paths
-from mlrepro import config, stages
-from mlrepro.launch import plan as launch
+from mlrepro import config
+from mlrepro.kinds import mlperf
+from mlrepro.launch import job as launch
+from mlrepro.stages import data as stages_data
+from mlrepro.stages import train as stages
 import workspace
 
 REPO = workspace.REPO
@@ -89,7 +92,7 @@ def settings(root: Path, system: str = "here") -> config.Settings:
 
 
 def test_plan_composes_the_run_sub_environment(tree):
-    plan = launch.plan_seed(settings(tree), "tiny", 2)
+    plan = mlperf.plan_seed(settings(tree), "tiny", 2)
     assert (plan.nodes, plan.gpus_per_node, plan.walltime_minutes) == (1, 1, 2)
     assert plan.dgxsystem == "CPU_1x1x4xtp1pp1cp1"
     assert plan.env["SEED"] == "2" and plan.env["NEXP"] == "1" and plan.env["DGXSYSTEM"] == "CPU_1x1x4xtp1pp1cp1"
@@ -98,11 +101,11 @@ def test_plan_composes_the_run_sub_environment(tree):
     assert plan.env["MINIBS"] == "4"
     assert "local run_and_time.sh" in plan.describe()
     with pytest.raises(config.ConfigError, match="seed 7 is not a seed of tiny"):
-        launch.plan_seed(settings(tree), "tiny", 7)
+        mlperf.plan_seed(settings(tree), "tiny", 7)
 
 
 def test_slurm_plan_shows_the_sbatch_line(tree):
-    plan = launch.plan_seed(settings(tree, "cluster"), "tiny", 1)
+    plan = mlperf.plan_seed(settings(tree, "cluster"), "tiny", 1)
     line = plan.describe()
     assert line.startswith("1 node x 1 GPUs (CPU_1x1x4xtp1pp1cp1), wall-time 2 min: sbatch ")
     for part in ("--nodes=1", "--time=2", "--partition=batch", "--account=proj", "--exclude=bad1",
@@ -115,7 +118,7 @@ def test_a_user_path_recorded_by_a_stage_is_where_runs_read(tree):
     folder = paths.stage_folder(tree, "tiny", "checkpoint")
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"location": "/members/only/ckpt"}))
-    assert launch.plan_seed(settings(tree), "tiny", 1).env["MODEL"] == "/members/only/ckpt/weights"
+    assert mlperf.plan_seed(settings(tree), "tiny", 1).env["MODEL"] == "/members/only/ckpt/weights"
 
 
 def seed_paths(root: Path, seed: int) -> tuple[Path, Path]:
@@ -186,7 +189,7 @@ def test_wall_time_is_enforced(tree, monkeypatch):
     monkeypatch.setenv("SLEEP", "600")
     (tree / "implementations" / "tiny" / "config_CPU_1x1x4xtp1pp1cp1.sh").write_text(
         CONFIG.replace("export WALLTIME=$((${WALLTIME_RUNANDTIME} + 1))", "export WALLTIME=1"))
-    launch._pick_config.cache_clear()
+    mlperf._pick_config.cache_clear()
     out, log = seed_paths(tree, 1)
     with pytest.raises(launch.SeedFailed, match="timeout"):
         stages.train_seed(settings(tree), "tiny", 1, out, log)
@@ -215,10 +218,10 @@ def test_dataset_stage_from_a_hub_source_with_a_token_and_a_manifest(tree, monke
         from mlrepro.data import checks, manifest
 
         with pytest.raises(checks.MissingTokenError, match="HF_TOKEN"):
-            stages.dataset(settings(tree), "tiny", out, log)
+            stages_data.dataset(settings(tree), "tiny", out, log)
         assert not hub.requests, "a missing token must fail before any request"
         monkeypatch.setenv("HF_TOKEN", token)
-        stages.dataset(settings(tree), "tiny", out, log)
+        stages_data.dataset(settings(tree), "tiny", out, log)
     manifest = json.loads(out.read_text())
     assert sorted(f["path"] for f in manifest["files"]) == ["train.npy", "validation.npy"]
     assert (out.parent / "train.npy").read_bytes() == files["train.npy"]
@@ -296,7 +299,7 @@ def test_a_rank_unseen_when_the_run_ends_is_killed_and_the_run_returns(tmp_path)
 
 
 def _owner(tree: Path, seed: int, **env) -> subprocess.Popen:
-    code = (f"from pathlib import Path; from mlrepro import config, stages; "
+    code = (f"from pathlib import Path; from mlrepro import config; from mlrepro.stages import train as stages; "
             f"s = config.load({{'benchmarks': ['tiny'], 'system': 'here'}}, Path({str(tree)!r})); "
             f"d = s.root / 'results/tiny/seed_{seed}'; "
             f"stages.train_seed(s, 'tiny', {seed}, d / 'mllog.txt', d / 'run.log')")

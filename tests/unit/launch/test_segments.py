@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlrepro.formats import checkpoints
-from mlrepro.pretrain import progress, segments
+from mlrepro.launch import chain as segments
+from mlrepro.pretrain import progress
 
 
 def _save(folder: Path, step: int, val_loss: float | None) -> Path:
@@ -190,7 +191,7 @@ def test_the_report_shows_each_segment_of_a_chained_seed():
 def test_a_cancelled_job_is_one_more_segment_but_changed_inputs_still_fail_the_seed(tmp_path):
     from types import SimpleNamespace
 
-    from mlrepro.launch import plan as launch
+    from mlrepro.launch import job as launch
 
     plan = SimpleNamespace(seed_dir=tmp_path)
     trainer = Trainer(tmp_path, total=60, per_segment=30)

@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from mlrepro import config as mlrepro_config
-from mlrepro import stages
+from mlrepro.stages import container as stages_container
+from mlrepro.stages import report as stages_report
+from mlrepro.stages import score as stages_score
 from mlrepro.scoring import package
 from mlrepro.cli import main
 from mlrepro.plan import hardware, search, workloads
@@ -153,23 +155,23 @@ def generated_tree(tmp_path_factory):
     write_records(ws / "results")
     settings = mlrepro_config.load({"benchmarks": ["llama2_lora"], "system": "h100-4x2", "submitter": "mlrepro"}, ws)
     out = ws / "results" / "llama2_lora"
-    stages.implementation(settings, "llama2_lora", ws / "resources" / "llama2_lora" / "implementation.json")
-    stages.reference(settings, "llama2_lora", out / "reference.json")
+    stages_container.implementation(settings, "llama2_lora", ws / "resources" / "llama2_lora" / "implementation.json")
+    stages_report.reference(settings, "llama2_lora", out / "reference.json")
     runs, mllogs = [], []
     for i, log in enumerate(sorted(NYX.glob("result_*.txt"), key=lambda p: int(p.stem[7:]))):
         mllog = shifted(log, out / f"seed_{i + 1}" / "mllog.txt", 1.0)
-        stages.score_seed(settings, "llama2_lora", i + 1, mllog, mllog.parent / "run.json")
+        stages_score.score_seed(settings, "llama2_lora", i + 1, mllog, mllog.parent / "run.json")
         runs.append(mllog.parent / "run.json")
         mllogs.append(mllog)
     (out / "container.json").write_text(json.dumps({"runtime": "enroot", "tag": "t", "image_id": "sha256:0"}))
-    stages.score(settings, "llama2_lora", runs, mllogs, out / "score.json", reference_file=out / "reference.json",
+    stages_score.score(settings, "llama2_lora", runs, mllogs, out / "score.json", reference_file=out / "reference.json",
                  container_file=out / "container.json", verdict_out=out / "verdict.json",
                  distribution=out / "plots" / "distribution.svg", report_html=out / "report.html",
                  plot_dir=out / "plots")
     results = ws / "results"
-    stages.final_report(settings, [out / "verdict.json"], results / "report.html", results / "summary.csv",
+    stages_report.final_report(settings, [out / "verdict.json"], results / "report.html", results / "summary.csv",
                         results / "summary.json")
-    stages.submission(settings, "llama2_lora", out / "score.json", mllogs, out / "submission")
+    stages_report.submission(settings, "llama2_lora", out / "score.json", mllogs, out / "submission")
     generated = sorted((ws / "resources" / "llama2_lora" / "implementation").rglob("config_H100X2_4x2x*.sh"))
     assert len(generated) == 1
     return ws, generated[0]

@@ -202,13 +202,13 @@ def test_the_plan_command_reads_the_validated_benchmark(tree, capsys):
 def test_a_seeds_plan_is_shaped_by_the_workflow_overrides(corpus):
     """What the dry run shows of a GPT seed is what megatron_seed runs: the pretrain: overrides' shape and job limit."""
     bench = mlrepro_config.load_benchmark(ROOT, "gpt_126m")
-    default = megatron_plan.seed_plan(ROOT, bench, "device-h100", corpus_dir=corpus)
-    short = megatron_plan.seed_plan(ROOT, bench, "device-h100", {"train_iters": 30, "gbs": 4, "mbs": 2}, corpus)
+    default = megatron_plan.dry_run(ROOT, bench, "device-h100", corpus_dir=corpus)
+    short = megatron_plan.dry_run(ROOT, bench, "device-h100", {"train_iters": 30, "gbs": 4, "mbs": 2}, corpus)
     assert "MBS1 GA256 (GBS 256)" in default.describe and "MBS2 GA2 (GBS 4)" in short.describe
     assert " 30 iterations x " in short.describe and short.walltime_minutes < default.walltime_minutes
-    assert megatron_plan.seed_plan(ROOT, bench, "device-h100", {"walltime_minutes": 7}, corpus).walltime_minutes == 7
+    assert megatron_plan.dry_run(ROOT, bench, "device-h100", {"walltime_minutes": 7}, corpus).walltime_minutes == 7
     with pytest.raises(mlrepro_config.ConfigError, match="gbs 5 is not a multiple of mbs 2"):
-        megatron_plan.seed_plan(ROOT, bench, "device-h100", {"gbs": 5, "mbs": 2}, corpus)
+        megatron_plan.dry_run(ROOT, bench, "device-h100", {"gbs": 5, "mbs": 2}, corpus)
 
 
 def test_model_family_flags():

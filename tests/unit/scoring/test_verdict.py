@@ -20,7 +20,9 @@ import pytest
 import yaml
 
 from mlrepro import config as mlrepro_config
-from mlrepro import stages
+from mlrepro.stages import container as stages_container
+from mlrepro.stages import report as stages_report
+from mlrepro.stages import score as stages_score
 from mlrepro.scoring import reference
 from mlrepro.scoring import score as scoring
 from mlrepro.scoring.rules import rules_for
@@ -224,21 +226,21 @@ def workspace(tmp_path_factory):
     results = ws / "results"
     for name, factor in (("llama2_lora", 1.0), ("llama2_lora_slower", 1.1)):
         out = results / name
-        stages.implementation(settings, name, ws / "resources" / name / "implementation.json")
-        stages.reference(settings, name, out / "reference.json")
+        stages_container.implementation(settings, name, ws / "resources" / name / "implementation.json")
+        stages_report.reference(settings, name, out / "reference.json")
         runs, mllogs = [], []
         for i, log in enumerate(sorted(NYX.glob("result_*.txt"), key=lambda p: int(p.stem[7:]))):
             mllog = shifted(log, out / f"seed_{i + 1}" / "mllog.txt", factor)
-            stages.score_seed(settings, name, i + 1, mllog, mllog.parent / "run.json")
+            stages_score.score_seed(settings, name, i + 1, mllog, mllog.parent / "run.json")
             runs.append(mllog.parent / "run.json")
             mllogs.append(mllog)
         (out / "container.json").write_text(json.dumps({"runtime": "enroot", "tag": "mlrepro/llama2_lora:nyx",
                                                         "image_id": "sha256:0123"}))
-        stages.score(settings, name, runs, mllogs, out / "score.json", reference_file=out / "reference.json",
+        stages_score.score(settings, name, runs, mllogs, out / "score.json", reference_file=out / "reference.json",
                      container_file=out / "container.json", verdict_out=out / "verdict.json",
                      distribution=out / "plots" / "distribution.svg", report_html=out / "report.html",
                      plot_dir=out / "plots")
-    stages.final_report(settings, [results / n / "verdict.json" for n in settings.benchmarks],
+    stages_report.final_report(settings, [results / n / "verdict.json" for n in settings.benchmarks],
                         results / "report.html", results / "summary.csv", results / "summary.json")
     return ws
 
@@ -295,7 +297,7 @@ def test_mini_lora_reference_runs_are_scored_like_its_seeds(tmp_path):
     ws = make_workspace(tmp_path / "ws")
     settings = mlrepro_config.load({"benchmarks": ["mini_lora"], "system": "local"}, ws)
     out = ws / "results" / "mini_lora" / "reference.json"
-    stages.reference(settings, "mini_lora", out)
+    stages_report.reference(settings, "mini_lora", out)
     ref = json.loads(out.read_text())
     assert ref["kind"] == "reference runs" and ref["score"]["valid"] and len(ref["score"]["runs"]) == 10
     assert ref["system_desc"]["number_of_nodes"] == "1" and ref["environment"]["runtime"] == "none"

@@ -1,4 +1,4 @@
-"""One seed of a GPT pretraining benchmark as a launch plan: the planner's launch line, run by the launch backends.
+"""The Megatron kind: one seed of a GPT pretraining benchmark, the planner's launch line run by mlrepro.launch.
 
 The seed is the same kind of job as an MLPerf seed (mlrepro.launch: attempt folders, job.json,
 failure.json, retries): run_and_time.sh of implementations/megatron_gpt under submitit on a
@@ -24,25 +24,29 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
-from mlrepro.launch import plan as launch
+from mlrepro.launch import job
 from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_source
 from mlrepro.scoring import megatron_log
 from mlrepro.util.fsutil import atomic_dir, atomic_write_text
 
 log = logging.getLogger(__name__)
 
+NAME = "megatron"
 LAUNCH_FILE = "launch.sh"  # the local launch line (torchrun ...), in the seed folder
 ARGS_FILE = "megatron_args.txt"  # the per-rank pretrain_gpt.py arguments (run.sub), in the seed folder
 
 
-def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> launch.SeedPlan:
-    """The seed's launch.SeedPlan: run_and_time.sh of the benchmark's implementation with the planner's launch."""
+def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
+              prepared: bool = True) -> job.SeedPlan:
+    """The seed's plan: run_and_time.sh of the benchmark's implementation with the planner's launch line.
+    prepared=False: the plan the DAG shows before the corpus stages have run (UNPREPARED stands for
+    what they write), described by the dry run's lines."""
     bench, system, root = settings.benchmark(benchmark), settings.system, settings.root
     if seed not in bench.seeds:
         raise mlrepro_config.ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
     overrides = settings.pretrain_overrides
     p = megatron_plan.shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
-    if p.variant.launcher != "megatron":  # never train something other than what the plan showed
+    if prepared and p.variant.launcher != "megatron":  # never train something other than what the plan showed
         raise mlrepro_config.ConfigError(
             f"{benchmark}: layout {p.variant.name} is {p.variant.launcher}'s own command (`snakemake -n` and "
             f"`mlrepro plan` show it); {megatron_plan.NOT_LAUNCHED}: run it in its own container, or train "
@@ -52,27 +56,37 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> l
     lay, per_node = p.layout, system.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
     slurm = system.scheduler == "slurm"
-    run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"))
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(megatron_dir(root, benchmark))}
-    if slurm:
-        env |= {"MEGATRON_ARGS_FILE": str(seed_dir / ARGS_FILE), "DATADIR": str(corpus_dir.resolve()),
-                "CONT": str(overrides.get("image") or "${CONT}")}
-        line = shlex.join(megatron_launch.pretrain_args(run))
+    description = ""
+    if prepared:
+        run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"))
+        if slurm:
+            env |= {"MEGATRON_ARGS_FILE": str(seed_dir / ARGS_FILE), "DATADIR": str(corpus_dir.resolve()),
+                    "CONT": str(overrides.get("image") or "${CONT}")}
+            line = shlex.join(megatron_launch.pretrain_args(run))
+        else:
+            env["MEGATRON_LAUNCH_FILE"] = str(seed_dir / LAUNCH_FILE)
+            line = megatron_launch.torchrun_line(run, nproc=lay.gpus)
+        env["MEGATRON_LINE"] = line
     else:
-        env["MEGATRON_LAUNCH_FILE"] = str(seed_dir / LAUNCH_FILE)
-        line = megatron_launch.torchrun_line(run, nproc=lay.gpus)
-    plan = launch.SeedPlan(
+        description = megatron_plan.dry_run(root, bench, system.name, overrides, corpus_dir, seed, planned=p).describe
+    plan = job.SeedPlan(
         benchmark=benchmark, seed=seed, scheduler=system.scheduler, implementation_dir=bench.implementation_dir,
         config_file=bench.source, dgxsystem=p.variant.name,
         nodes=nodes, gpus_per_node=min(lay.gpus, per_node),
         walltime_minutes=megatron_plan.job_minutes(p, overrides),
-        seed_dir=seed_dir, env={**env, "MEGATRON_LINE": line},
-        job_name=launch.job_name(benchmark, seed, seed_dir))
-    return launch.with_sbatch(plan, system)
+        seed_dir=seed_dir, env=env, job_name=job.job_name(benchmark, seed, seed_dir),
+        description=description, gpus=lay.gpus)
+    return job.with_sbatch(plan, system)
 
 
-def prepare(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> launch.SeedPlan:
+def dag_plan(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> job.SeedPlan:
+    """What the DAG shows and reserves for a seed: the dry run's lines; one core per rank here."""
+    return plan_seed(settings, benchmark, seed, prepared=False)
+
+
+def prepare(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> job.SeedPlan:
     """The seed's plan, with Megatron-LM in place and the launch line written into the seed folder."""
     plan = plan_seed(settings, benchmark, seed)
     ensure_megatron(settings, benchmark)
@@ -114,14 +128,50 @@ def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
     return dest
 
 
-def finish_seed(plan: launch.SeedPlan, run_log: Path, out: Path) -> None:
+def implementation_folder(bench: mlrepro_config.Benchmark, system: mlrepro_config.System) -> Path:
+    """One folder for every layout: the planner, not a config_<SYS>.sh, sets the shape."""
+    return Path(bench.implementation_dir)
+
+
+def corpus_folder(root: Path, bench: mlrepro_config.Benchmark) -> Path:
+    """The corpus whose blend and tokenizer the seeds read (mini_corpus when the benchmark names none)."""
+    return megatron_plan.benchmark_corpus_dir(root, bench)
+
+
+def finish_seed(bench: mlrepro_config.Benchmark, plan: job.SeedPlan, run_log: Path, out: Path) -> None:
     """Keep the run's Megatron-LM log as the seed's log, or record why it is not a result."""
     parsed = megatron_log.parse_log(run_log) if run_log.exists() else None
     last = parsed.iterations[-1] if parsed and parsed.iterations else None
     if last is None or last.train_iters is None or last.iteration < last.train_iters:
         where = "no training iteration" if last is None else f"iteration {last.iteration} of {last.train_iters}"
-        launch.record_failure(plan.seed_dir, f"the run's Megatron log ends at {where}", state="INCOMPLETE_LOG")
-        raise launch.SeedFailed(f"seed {plan.seed}: the run's Megatron log ends at {where}; see {run_log}")
+        job.record_failure(plan.seed_dir, f"the run's Megatron log ends at {where}", state="INCOMPLETE_LOG")
+        raise job.SeedFailed(f"seed {plan.seed}: the run's Megatron log ends at {where}; see {run_log}")
     atomic_write_text(out, run_log.read_text(errors="replace"))
-    for name in ("failure.json", launch.RESERVE_NAME):
-        (plan.seed_dir / name).unlink(missing_ok=True)
+    job.clear_failure(plan.seed_dir)
+
+
+def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmark, seed: int, log_path: Path,
+               plan: job.SeedPlan | None) -> dict:
+    """Megatron-LM's own log scored: MFU against the system's GPU, on the ranks the seed ran with (its
+    plan.json; planned again only for a seed run before plans were kept)."""
+    from mlrepro.scoring import megatron_score, rules as scoring_rules
+
+    rules = scoring_rules.for_benchmark(bench)
+    gpus = plan.ranks if plan else megatron_plan.first_fit(settings.root, bench, settings.system.name).layout.gpus
+    return megatron_score.score_training_log(log_path, target_loss=rules.target_value, seed=seed,
+                                             benchmark=rules.benchmark, gpus=gpus,
+                                             gpu=settings.system.hardware.get("gpu"))
+
+
+def unmet(root: Path, bench: mlrepro_config.Benchmark, system: mlrepro_config.System, *,
+          with_implementation: bool) -> list[str]:
+    """What the system lacks: a layout of the benchmark that the planner fits on it."""
+    from mlrepro.plan import hardware
+
+    try:  # the planner, not a published config_<SYS>.sh, decides the layout
+        megatron_plan.first_fit(root, bench, system.name)
+    except megatron_plan.Refused as exc:
+        return [str(exc).removeprefix(f"{bench.name} cannot run on system {system.name!r}: ")]
+    except hardware.HardwareUnknown as exc:
+        return [str(exc)]
+    return []

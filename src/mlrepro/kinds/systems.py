@@ -2,7 +2,8 @@
 
 A benchmark's `requires:` (scheduler, container runtime, GPUs) is known before its
 implementation is fetched; once it is (and always for a local folder), one of its
-config_<SYS>.sh files must also fit the system (launch.implementation_config). A benchmark
+config_<SYS>.sh files must also fit the system (kinds.mlperf.implementation_config); a
+pretraining benchmark needs a layout the planner fits on it (kinds.megatron). A benchmark
 asked of a system that cannot run it is refused with one message that names both and the
 `--config system=<name>` values under config/systems/ that would fit.
 """
@@ -12,13 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
-from mlrepro import paths
+from mlrepro import kinds
 from mlrepro.config import Benchmark, ConfigError, Settings, System
-
-
-def implementation_known(root: Path, bench: Benchmark) -> bool:
-    """A local implementation folder is always known; a git one once it is fetched."""
-    return bench.implementation_git is None or paths.implementation_record(root, bench.name).exists()
+from mlrepro.kinds.mlperf import implementation_known
 
 
 def gpus(system: System) -> int:
@@ -40,24 +37,7 @@ def unmet(root: Path, bench: Benchmark, system: System, *, with_implementation: 
     if "gpus" in req and gpus(system) < req["gpus"]:
         have = "none, CPU only" if gpus(system) == 0 else f"{system.nodes} x {system.gpus_per_node}"
         missing.append(f"it needs at least {req['gpus']} GPUs ({system.name} has {have})")
-    if bench.is_pretrain:
-        from mlrepro.plan import hardware
-        from mlrepro.pretrain import megatron_plan
-
-        try:  # GPT pretraining: the planner, not a published config_<SYS>.sh, decides the layout
-            megatron_plan.seed_plan(root, bench, system.name)
-        except megatron_plan.Refused as exc:
-            missing.append(str(exc).removeprefix(f"{bench.name} cannot run on system {system.name!r}: "))
-        except hardware.HardwareUnknown as exc:
-            missing.append(str(exc))
-    elif with_implementation:
-        from mlrepro.launch import plan as launch
-
-        try:
-            launch.implementation_config(bench, system)
-        except ConfigError as exc:
-            missing.append(str(exc).removeprefix(f"{bench.name} on system {system.name}: "))
-    return missing
+    return missing + kinds.of(bench).unmet(root, bench, system, with_implementation=with_implementation)
 
 
 def fitting_systems(root: Path, bench: Benchmark, *, with_implementation: bool) -> list[str]:

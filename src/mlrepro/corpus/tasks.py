@@ -1,4 +1,7 @@
-"""What each rule of workflow/rules/corpus.smk does, as plain functions of the corpus config.
+"""A pretraining corpus's work, as plain functions of its config: shares, chunks and their tasks.
+
+The rules of workflow/rules/corpus.smk (mlrepro.stages.corpus) call these; one job-array task
+runs `python -m mlrepro.corpus.tasks download|preprocess --spec F --root R --index I`.
 
 Files of corpus NAME live under resources/corpora/NAME/:
 
@@ -16,7 +19,7 @@ Files of corpus NAME live under resources/corpora/NAME/:
 
 Download and preprocess are each ONE Snakemake job per corpus whose tasks (RANK/WORLD_SIZE
 shares; chunks) run as one Slurm job array or, without Slurm, in parallel here (see
-mlrepro.corpus.array); a task whose output is there is not run again.
+mlrepro.launch.array); a task whose output is there is not run again.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ import shutil
 from pathlib import Path
 
 from mlrepro import paths
-from mlrepro.corpus import array, blend, concat, extract, preprocess, shards
-from mlrepro.data import checks, http
+from mlrepro.corpus import blend, concat, extract, preprocess, shards
+from mlrepro.data import http
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -68,12 +71,12 @@ def chunk_count(corpus: dict, root: Path, downloaded=None) -> int | None:
     return len(json.loads(Path(downloaded()).read_text())["chunks"])
 
 
-def _base(corpus: dict) -> str:
+def base(corpus: dict) -> str:
     return f"resources/corpora/{corpus['name']}"
 
 
 def chunk_prefixes(corpus: dict, n_groups: int) -> list[str]:
-    return [f"{_base(corpus)}/preprocessed/train_chunk_{g}_{key}_document"
+    return [f"{base(corpus)}/preprocessed/train_chunk_{g}_{key}_document"
             for g in range(n_groups) for key in corpus["json_keys"]]
 
 
@@ -81,16 +84,16 @@ def preprocess_inputs(corpus: dict, root: Path, downloaded=None) -> list[str]:
     """The concatenated chunks; and, when a chunk's .bin/.idx went missing after the stage ran, the
     folder it was deleted from (newer than preprocessed.json, so the stage reruns, for that chunk alone)."""
     n_groups = chunk_count(corpus, root, downloaded)
-    inputs = [f"{_base(corpus)}/concat/train_chunk_{g}.jsonl" for g in range(n_groups)]
-    if (Path(root) / f"{_base(corpus)}/preprocessed.json").exists() and not all(
+    inputs = [f"{base(corpus)}/concat/train_chunk_{g}.jsonl" for g in range(n_groups)]
+    if (Path(root) / f"{base(corpus)}/preprocessed.json").exists() and not all(
             (Path(root) / f"{p}{s}").exists() for p in chunk_prefixes(corpus, n_groups) for s in (".bin", ".idx")):
-        inputs.append(f"{_base(corpus)}/preprocessed")
+        inputs.append(f"{base(corpus)}/preprocessed")
     return inputs
 
 
 def targets(corpora: dict, root: Path) -> list[str]:
     """What `snakemake all` makes of each configured corpus."""
-    return [f"{_base(c)}/{name}" for c in corpora.values() for name in ("preprocessed.json", "data_prefix.json")]
+    return [f"{base(c)}/{name}" for c in corpora.values() for name in ("preprocessed.json", "data_prefix.json")]
 
 
 def _manifest(corpus: dict, root: Path) -> dict | None:
@@ -118,7 +121,7 @@ def task_report(corpus: dict, root: Path, rank: int) -> Path:
     return folder(root, corpus["name"]) / "download" / f"task_{rank}.json"
 
 
-def _task_done(corpus: dict, root: Path, rank: int) -> bool:
+def task_done(corpus: dict, root: Path, rank: int) -> bool:
     """A report of this rank under the same WORLD_SIZE (another split gives other shares)."""
     try:
         return json.loads(task_report(corpus, root, rank).read_text())["world"] == corpus["download"]["array_tasks"]
@@ -126,55 +129,13 @@ def _task_done(corpus: dict, root: Path, rank: int) -> bool:
         return False
 
 
-def _chunk_done(corpus: dict, root: Path, g: int) -> bool:
+def chunk_done(corpus: dict, root: Path, g: int) -> bool:
     """Chunk g's pairs are there and newer than the chunk (a chunk concatenated again is tokenized again)."""
-    jsonl = Path(root) / f"{_base(corpus)}/concat/train_chunk_{g}.jsonl"
+    jsonl = Path(root) / f"{base(corpus)}/concat/train_chunk_{g}.jsonl"
     made = jsonl.stat().st_mtime if jsonl.exists() else 0
-    outputs = [Path(root) / f"{_base(corpus)}/preprocessed/train_chunk_{g}_{key}_document{s}"
+    outputs = [Path(root) / f"{base(corpus)}/preprocessed/train_chunk_{g}_{key}_document{s}"
                for key in corpus["json_keys"] for s in (".bin", ".idx")]
     return all(p.exists() and p.stat().st_mtime >= made for p in outputs)
-
-
-def array_plan(corpus: dict, root: Path, stage: str, size: int) -> array.ArrayPlan:
-    workers = corpus["preprocess"]["workers"] if stage == "preprocess" else 1
-    # A preprocess worker holds a few slices and their tokens (bounded, see mlrepro.corpus.preprocess).
-    mem = 1024 * (workers + 1) if stage == "preprocess" else None
-    return array.ArrayPlan(corpus["name"], stage, size, folder(root, corpus["name"]), cpus=workers, mem_mb=mem)
-
-
-def plan_line(corpus: dict, root: Path, system, stage: str) -> str:
-    """What `snakemake -n` says the stage will do: the array's sbatch line on Slurm."""
-    size = corpus["download"]["array_tasks"] if stage == "download" else chunk_count(corpus, root)
-    if size is None:
-        return f"{corpus['name']}: {stage}, one task per chunk (the chunk count follows from the download)"
-    if system.scheduler == "slurm":
-        return array.describe(array_plan(corpus, root, stage, size), Path(root), system.partition, system.account)
-    if stage == "preprocess":
-        return (f"{corpus['name']}: preprocess, {size} chunks one after the other on this machine, "
-                f"{corpus['preprocess']['workers']} workers each")
-    return f"{corpus['name']}: {stage}, {size} tasks in parallel on this machine"
-
-
-def _run_tasks(corpus: dict, root: Path, system, stage: str, size: int, done, task, parallel: int) -> None:
-    plan = array_plan(corpus, root, stage, size)
-    slurm = system is not None and system.scheduler == "slurm"
-    if slurm:
-        array.wait_for_earlier(plan, system.slurm_status_command, system.slurm_poll_seconds)
-    todo = [i for i in range(size) if not done(i)]
-    log.info("%s %s: %d of %d tasks to run", corpus["name"], stage, len(todo), size)
-    if slurm:
-        array.run_slurm(plan, corpus, Path(root), todo, done, system.partition, system.account)
-    else:
-        array.run_local(plan, todo, task, parallel)
-
-
-def download_stage(corpus: dict, root: Path, out: Path, system=None) -> None:
-    """Every RANK/WORLD_SIZE share (one array task each on Slurm); tasks.json gathers their reports."""
-    world = corpus["download"]["array_tasks"]
-    _run_tasks(corpus, root, system, "download", world, lambda r: _task_done(corpus, root, r),
-               lambda r: download_task(corpus, root, r), parallel=world)
-    reports = [json.loads(task_report(corpus, root, r).read_text()) for r in range(world)]
-    atomic_write_json(out, {"world": world, "reports": reports})
 
 
 def verify_download(corpus: dict, root: Path, tasks: Path, out: Path) -> None:
@@ -253,16 +214,8 @@ def preprocess_chunk(corpus: dict, root: Path, g: int, threads: int | None = Non
                  result.backend)
 
 
-def preprocess_stage(corpus: dict, root: Path, n_groups: int, out: Path, system=None, threads: int | None = None) -> None:
-    """Every chunk still without its pair (one array task each on Slurm, one after the other here,
-    each with all the job's threads); preprocessed.json lists the prefixes."""
-    _run_tasks(corpus, root, system, "preprocess", n_groups, lambda g: _chunk_done(corpus, root, g),
-               lambda g: preprocess_chunk(corpus, root, g, threads), parallel=1)
-    atomic_write_json(out, {"prefixes": chunk_prefixes(corpus, n_groups)})
-
-
 def array_task(corpus: dict, root: Path, stage: str, index: int) -> None:
-    """One Slurm array task (mlrepro.corpus.array's entry point): a download share or a chunk."""
+    """One Slurm array task (this module's entry point, below): a download share or a chunk."""
     if stage == "download":
         download_task(corpus, root, index)
     else:
@@ -275,31 +228,25 @@ def write_blend(corpus: dict, preprocessed: Path, out: Path) -> None:
     log.info("blend of %d datasets, %d tokens", len(prefixes), record["total_tokens"])
 
 
-def run_from_snakemake(smk) -> None:
-    from mlrepro import config as mlrepro_config
-    from mlrepro.stages import stage_process
+def main(argv: list[str] | None = None) -> int:
+    """One array task: `python -m mlrepro.corpus.tasks download|preprocess --spec F --root R --index I`."""
+    import argparse
 
-    root = Path.cwd()
-    settings = mlrepro_config.load(smk.config, root)
-    wc = smk.wildcards
-    corpus = settings.corpora[wc.corpus]
-    out = Path(smk.output[0])
-    calls = {
-        "corpus_download": lambda: download_stage(corpus, root, out, settings.system),
-        "corpus_downloaded": lambda: verify_download(corpus, root, Path(smk.input[0]), out),
-        "corpus_extract": lambda: extract_group(corpus, root, Path(smk.input.downloaded), int(wc.group), out),
-        "corpus_concat": lambda: concat_group(corpus, Path(smk.input[0]), out),
-        "corpus_tokenizer": lambda: fetch_tokenizer(corpus, root, out.parent),
-        "corpus_preprocess": lambda: preprocess_stage(corpus, root, sum(f.endswith(".jsonl") for f in smk.input.jsonl),
-                                                      out, settings.system, smk.threads),
-        "corpus_blend": lambda: write_blend(corpus, Path(smk.input[0]), out),
-    }
-    errors = (array.ArrayError, shards.CorpusError, extract.ExtractError, preprocess.InputError, checks.DataError, mlrepro_config.ConfigError)
-    with stage_process(Path(smk.log[0])):
-        try:
-            calls[smk.rule]()
-        except errors as exc:
-            logging.getLogger("mlrepro").error("%s", exc)
-            raise SystemExit(1) from None
+    parser = argparse.ArgumentParser(prog="python -m mlrepro.corpus.tasks")
+    parser.add_argument("stage", choices=["download", "preprocess"])
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    corpus = json.loads(Path(args.spec).read_text())
+    try:
+        array_task(corpus, Path(args.root), args.stage, args.index)
+    except Exception as exc:
+        log.error("%s task %d: %s", args.stage, args.index, exc)
+        return 1
+    return 0
 
 
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,11 @@
-"""Many independent corpus tasks (download shares, preprocess chunks) as one Slurm job array, or locally.
+"""Many independent tasks of one stage (a corpus's download shares, its preprocess chunks) as ONE Slurm
+job array, or in parallel on this machine; mlrepro.launch.auto chooses.
 
 On a Slurm system the stage's one Snakemake job submits ONE `sbatch --array=<indices> --wait`:
 task i reads its index from SLURM_ARRAY_TASK_ID (a download task's RANK, WORLD_SIZE = the
-number of tasks, as seed 001's download.py; a preprocess task's chunk) and runs
-`python -m mlrepro.corpus.array`. Only indices whose output is missing are submitted, so a
+number of tasks, as seed 001's download.py; a preprocess task's chunk) and runs the plan's
+`python -m <task_module> <stage> --spec ... --index $RANK` (a corpus's: mlrepro.corpus.tasks).
+Only indices whose output is missing are submitted, so a
 rerun after a failed or cancelled task redoes that task alone. When sbatch returns, every
 submitted index must have its output; the ones that do not are named with their logs.
 Without Slurm the same tasks run in threads on this machine.
@@ -19,9 +21,7 @@ plan (`snakemake -n`) shows no array, and the plugin cancels its jobs when Snake
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import logging
 import shlex
 import sys
@@ -44,20 +44,23 @@ class ArrayError(RuntimeError):
 
 @dataclass(frozen=True)
 class ArrayPlan:
-    """One stage's array: which corpus, which stage, how many tasks, and where things go."""
+    """One stage's array: whose (a corpus), which stage, how many tasks, what each runs, where things go."""
 
-    corpus: str
-    stage: str            # "download" or "preprocess"
+    name: str             # whose tasks: the corpus
+    stage: str            # e.g. "download" or "preprocess"
     size: int             # WORLD_SIZE: indices 0..size-1
-    folder: Path          # resources/corpora/NAME
+    folder: Path          # the owner's folder (resources/corpora/NAME): slurm/ holds the script and spec
     cpus: int = 1
     mem_mb: int | None = None
+    task_module: str = ""  # `python -m task_module stage --spec F --root R --index I` runs one task
+    family: str = "corpus"  # names the job (mlrepro-<family>-<name>-<stage>-<hash>) and the spec file
+    log_folder: str = "logs/corpora"  # under the root; each task logs to <log_folder>/<name>/<stage>_task_<i>.log
 
     @property
     def job_name(self) -> str:
         # The folder's hash tells apart two checkouts preparing the same corpus on one cluster.
         where = hashlib.sha1(str(self.folder.resolve()).encode()).hexdigest()[:8]
-        return f"mlrepro-corpus-{self.corpus}-{self.stage}-{where}"
+        return f"mlrepro-{self.family}-{self.name}-{self.stage}-{where}"
 
     @property
     def script(self) -> Path:
@@ -65,10 +68,10 @@ class ArrayPlan:
 
     @property
     def spec(self) -> Path:
-        return self.folder / "slurm" / "corpus.json"
+        return self.folder / "slurm" / f"{self.family}.json"
 
     def log_pattern(self, root: Path) -> str:
-        return str(root / "logs" / "corpora" / self.corpus / f"{self.stage}_task_%a.log")
+        return str(root / self.log_folder / self.name / f"{self.stage}_task_%a.log")
 
 
 def indices_text(indices: list[int]) -> str:
@@ -94,19 +97,19 @@ def sbatch_line(plan: ArrayPlan, indices: list[int], root: Path, partition: str 
 
 def describe(plan: ArrayPlan, root: Path, partition: str | None, account: str | None) -> str:
     """The plan line `snakemake -n` shows."""
-    return (f"{plan.corpus}: {plan.stage} as one Slurm job array of {plan.size} tasks "
+    return (f"{plan.name}: {plan.stage} as one Slurm job array of {plan.size} tasks "
             f"(RANK=$SLURM_ARRAY_TASK_ID, WORLD_SIZE={plan.size}): "
             + " ".join(sbatch_line(plan, list(range(plan.size)), root, partition, account)))
 
 
-def write_script(plan: ArrayPlan, corpus: dict, root: Path) -> None:
-    """The batch script and the resolved corpus description every task reads."""
-    atomic_write_json(plan.spec, corpus)
-    command = [sys.executable, "-m", "mlrepro.corpus.array", plan.stage, "--spec", str(plan.spec.resolve()),
+def write_script(plan: ArrayPlan, spec: dict, root: Path) -> None:
+    """The batch script and the resolved description (`spec`, e.g. the corpus) every task reads."""
+    atomic_write_json(plan.spec, spec)
+    command = [sys.executable, "-m", plan.task_module, plan.stage, "--spec", str(plan.spec.resolve()),
                "--root", str(root.resolve())]
     atomic_write_text(plan.script, "\n".join([
         "#!/bin/bash",
-        f"# mlrepro corpus {plan.corpus}: {plan.stage}, one array task per index (see mlrepro.corpus.array)",
+        f"# mlrepro {plan.family} {plan.name}: {plan.stage}, one array task per index (see mlrepro.launch.array)",
         "set -euo pipefail",
         f"export RANK=$SLURM_ARRAY_TASK_ID WORLD_SIZE={plan.size}",
         " ".join(map(shlex.quote, command)) + ' --index "$RANK"',
@@ -124,32 +127,32 @@ def wait_for_earlier(plan: ArrayPlan, status_command: str = "sacct", poll_second
         time.sleep(poll_seconds)
 
 
-def run_slurm(plan: ArrayPlan, corpus: dict, root: Path, indices: list[int], done: Callable[[int], bool],
+def run_slurm(plan: ArrayPlan, spec: dict, root: Path, indices: list[int], done: Callable[[int], bool],
               partition: str | None = None, account: str | None = None) -> None:
     """Submit `indices` as one array, wait for it, and check every task's output."""
     from mlrepro.slurm import client as slurm
 
     if not indices:
-        log.info("%s %s: every task's output is there; nothing submitted", plan.corpus, plan.stage)
+        log.info("%s %s: every task's output is there; nothing submitted", plan.name, plan.stage)
         return
-    write_script(plan, corpus, root)
+    write_script(plan, spec, root)
     Path(plan.log_pattern(root)).parent.mkdir(parents=True, exist_ok=True)
     command = sbatch_line(plan, indices, root, partition, account)
     log.info("submitting %d array task(s): %s", len(indices), " ".join(command))
     try:
-        proc = slurm._run(command, check=False, timeout=SBATCH_TIMEOUT_S)
+        proc = slurm.run_waiting(command, timeout=SBATCH_TIMEOUT_S)
     except slurm.SlurmError as exc:
         raise ArrayError(str(exc)) from None
     job_id = proc.stdout.strip().splitlines()[0].split(";")[0] if proc.stdout.strip() else "?"
     log.info("Slurm array job %s ended (sbatch exit %d)", job_id, proc.returncode)
-    _check(plan, root, indices, done, job_id, proc.stderr.strip())
+    check_outputs(plan, root, indices, done, job_id, proc.stderr.strip())
 
 
-def _check(plan: ArrayPlan, root: Path, indices: list[int], done: Callable[[int], bool], job_id: str, stderr: str) -> None:
+def check_outputs(plan: ArrayPlan, root: Path, indices: list[int], done: Callable[[int], bool], job_id: str, stderr: str) -> None:
     failed = [i for i in indices if not done(i)]
     if failed:
         logs = ", ".join(plan.log_pattern(root).replace("%a", str(i)) for i in failed[:5])
-        raise ArrayError(f"{plan.corpus} {plan.stage}: array job {job_id}: task(s) {indices_text(failed)} of "
+        raise ArrayError(f"{plan.name} {plan.stage}: array job {job_id}: task(s) {indices_text(failed)} of "
                          f"{plan.size} ended without their output; see {logs}" + (f" ({stderr})" if stderr else ""))
 
 
@@ -163,28 +166,4 @@ def run_local(plan: ArrayPlan, indices: list[int], task: Callable[[int], None], 
             except Exception as exc:  # reported together below, naming the task
                 errors.append(f"task {i}: {exc}")
     if errors:
-        raise ArrayError(f"{plan.corpus} {plan.stage}: {len(errors)} task(s) failed:\n  " + "\n  ".join(errors))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """One array task: `python -m mlrepro.corpus.array download|preprocess --spec F --root R --index I`."""
-    from mlrepro.corpus import stages
-
-    parser = argparse.ArgumentParser(prog="python -m mlrepro.corpus.array")
-    parser.add_argument("stage", choices=["download", "preprocess"])
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--root", required=True)
-    parser.add_argument("--index", type=int, required=True)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    corpus = json.loads(Path(args.spec).read_text())
-    try:
-        stages.array_task(corpus, Path(args.root), args.stage, args.index)
-    except Exception as exc:
-        log.error("%s task %d: %s", args.stage, args.index, exc)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        raise ArrayError(f"{plan.name} {plan.stage}: {len(errors)} task(s) failed:\n  " + "\n  ".join(errors))

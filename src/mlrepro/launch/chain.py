@@ -13,7 +13,6 @@ the last good checkpoint. `max_stalls` segments in a row without a new checkpoin
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import re
@@ -23,8 +22,9 @@ from pathlib import Path
 from typing import Callable
 
 from mlrepro import paths
-from mlrepro.util.fsutil import atomic_write_json
+from mlrepro.launch.job import SeedFailed, now, record_failure
 from mlrepro.formats import checkpoints
+from mlrepro.util.fsutil import atomic_write_json
 
 STATE = "segments.json"
 CHECKPOINTS = "checkpoints"
@@ -84,10 +84,6 @@ def read_state(seed_dir: Path) -> dict:
     return state if isinstance(state.get("segments"), list) else {"segments": []}
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def _step(folder: Path) -> int:
     last = checkpoints.latest(folder)
     return last.step if last else 0
@@ -109,7 +105,7 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
     stalls = 0
     while True:
         before, started, error = _step(folder), time.monotonic(), None
-        record = {"index": len(state["segments"]) + 1, "started": _now(), "from_step": before}
+        record = {"index": len(state["segments"]) + 1, "started": now(), "from_step": before}
         # The previous segment's log must not speak for a job that dies before writing its own
         # (every attempt keeps its own log in attempt_K/).
         run_log.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +118,7 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
         said = segment_record(text) or {}
         done = finished(text)
         after = said.get("to_step", _step(folder)) if done else _step(folder)
-        record.update(ended=_now(), to_step=after, wall_s=round(time.monotonic() - started, 3),
+        record.update(ended=now(), to_step=after, wall_s=round(time.monotonic() - started, 3),
                       train_s=said.get("train_s"), val_loss=said.get("val_loss"),
                       status=said.get("status") if said else "killed", error=str(error) if error else None)
         if said and said.get("from_step") is not None:
@@ -147,15 +143,13 @@ class SegmentEnded(RuntimeError):
 
 
 def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits) -> dict:
-    """The seed's chain, each segment launched by `launch_one(plan, system, run_log)` (mlrepro.launch's
-    local or Slurm path). A failure that retrying cannot mend (changed inputs, leftover processes,
-    a full disk) still fails the seed; a cancelled or crashed job is one more segment."""
-    from mlrepro.launch import plan as launch
-
+    """The seed's chain, each segment launched by `launch_one(plan, system, run_log)` (the local or
+    Slurm backend, chosen by mlrepro.launch.auto). A failure that retrying cannot mend (changed inputs,
+    leftover processes, a full disk) still fails the seed; a cancelled or crashed job is one more segment."""
     def segment() -> None:
         try:
             launch_one(plan, system, run_log)
-        except launch.SeedFailed as exc:
+        except SeedFailed as exc:
             failure = plan.seed_dir / "failure.json"
             why = (paths.read_json_if_exists(failure) or {}).get("state")
             if not exc.retry and why != "CANCELLED":
@@ -167,5 +161,5 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits) -> 
     try:
         return run_chain(plan.seed_dir, run_log, segment, lim, failures=(SegmentEnded,))
     except ChainStalled as exc:
-        launch.record_failure(plan.seed_dir, str(exc), state="STALLED")
-        raise launch.SeedFailed(str(exc)) from None
+        record_failure(plan.seed_dir, str(exc), state="STALLED")
+        raise SeedFailed(str(exc)) from None

@@ -1,3 +1,4 @@
+# The base checkpoint a benchmark fine-tunes (its `checkpoint:` sources). Logic: mlrepro.stages.model.
 rule base_checkpoint:
     input:
         container_ready,

@@ -1,0 +1,185 @@
+"""The MLPerf kind: an NVIDIA implementation (run_and_time.sh, config_<SYS>.sh) whose seeds log MLLOG.
+
+A seed is one run of the implementation: run_and_time.sh with the environment that
+config_<SYS>.sh exports plus DATADIR, MODEL, LOGDIR and SEED, run by mlrepro.launch (submitit
+here, run.sub under sbatch on Slurm). The config is the published one that fits the system, or,
+where none does and the planner knows the benchmark, one the planner writes (mlrepro plan).
+Its result is the run's MLLOG lines, scored by mlrepro.scoring.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from mlrepro import paths
+from mlrepro.config import Benchmark, ConfigError, Settings, System
+from mlrepro.implementation import configs as implementation
+from mlrepro.launch import chain, job
+from mlrepro.scoring import mllog
+from mlrepro.util.fsutil import atomic_write_text
+
+NAME = "mlperf"
+
+
+@functools.lru_cache(maxsize=64)
+def _pick_config(impl_dir: Path, nodes: int, gpus_per_node: int, requested: str | None):
+    # Sourcing every config_<SYS>.sh costs a bash each; the DAG asks once per seed and rule.
+    return implementation.pick_config(impl_dir, nodes, gpus_per_node, requested=requested)
+
+
+def implementation_config(bench: Benchmark, system: System):
+    """The config_<SYS>.sh this benchmark uses on this system, read and checked against the system."""
+    requested = system.implementation_configs.get(bench.name)
+    try:
+        return _pick_config(bench.implementation_dir, system.nodes, system.gpus_per_node, requested)
+    except implementation.ImplementationError as exc:
+        if requested or not _plannable(bench):
+            raise ConfigError(f"{bench.name} on system {system.name}: {exc}") from None
+        unfit = exc
+    # No published config fits: the planner writes one for this system, which then fits exactly.
+    from mlrepro.plan import generate, hardware, search
+
+    try:
+        generate.generate_config(bench, system)
+    except (search.PlanError, hardware.HardwareUnknown) as why:
+        raise ConfigError(f"{bench.name} on system {system.name}: {unfit}\n"
+                          f"mlrepro plan could not generate one either: {why}") from None
+    _pick_config.cache_clear()
+    return _pick_config(bench.implementation_dir, system.nodes, system.gpus_per_node, None)
+
+
+def _plannable(bench: Benchmark) -> bool:
+    """An NVIDIA benchmark the planner has rules for, with published configs to start from."""
+    from mlrepro.plan import workloads
+
+    folder = Path(bench.implementation_dir)
+    return (bench.mlperf_benchmark in workloads.BENCHMARKS and folder.is_dir()
+            and bool(implementation.list_configs(folder)))
+
+
+def plan_seed(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
+    """The seed's plan: run_and_time.sh with the environment config_<SYS>.sh exports, plus the data's
+    places, SEED and the chain's settings of a checkpointing benchmark; run.sub's sbatch line on Slurm."""
+    bench = settings.benchmark(benchmark)
+    if seed not in bench.seeds:
+        raise ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
+    system = settings.system
+    cfg = implementation_config(bench, system)
+    root = settings.root
+    seed_dir = paths.seed_dir(root, benchmark, seed)
+    places = {stage: str(paths.stage_location(root, benchmark, stage)) for stage in paths.STAGE_FOLDERS}
+    places["corpus"] = str(paths.corpus_dir(root, bench.corpus or "none"))
+    env = {
+        **cfg.env,
+        **bench.env,
+        **{key: value.format(**places) for key, value in bench.run_env.items()},
+        "DGXSYSTEM": cfg.dgxsystem,
+        "SEED": str(seed),
+        "NEXP": "1",
+    }
+    walltime = cfg.walltime_min
+    chain_limits = chain.limits(bench.segments, system.max_job_minutes)
+    if chain_limits is not None:  # a checkpointing pretraining run: each job is one segment of the seed
+        env.update(chain.run_env(chain_limits, seed_dir))
+        walltime = chain.walltime_minutes(chain_limits, walltime)
+    plan = job.SeedPlan(
+        benchmark=benchmark,
+        seed=seed,
+        scheduler=system.scheduler,
+        implementation_dir=cfg.path.parent,
+        config_file=cfg.path,
+        dgxsystem=cfg.dgxsystem,
+        nodes=cfg.nodes,
+        gpus_per_node=cfg.gpus_per_node,
+        walltime_minutes=walltime,
+        seed_dir=seed_dir,
+        env=env,
+        job_name=job.job_name(benchmark, seed, seed_dir),
+        generated=_generated(cfg.path),
+    )
+    return job.with_sbatch(plan, system)
+
+
+def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, mllog_out: Path) -> None:
+    """Turn a finished run's log into the seed's mllog.txt, or record why it is not a result."""
+    parsed = mllog.parse_text(run_log.read_text(errors="replace") if run_log.exists() else "", source=str(run_log))
+    stop = parsed.last("run_stop")
+    if parsed.first("run_start") is None or stop is None:
+        missing = "run_start" if parsed.first("run_start") is None else "run_stop"
+        job.record_failure(plan.seed_dir, f"no {missing} in the run's MLLOG", state="INCOMPLETE_LOG")
+        raise job.SeedFailed(f"seed {plan.seed}: the run's log has no {missing}; see {run_log}")
+    status = (stop.metadata or {}).get("status")
+    if status != "success" and bench.not_converged == "rerun":
+        job.record_failure(plan.seed_dir, f"run_stop status {status!r}", state="ABORTED")
+        raise job.SeedFailed(f"seed {plan.seed}: run_stop status {status!r} (benchmark reruns non-converged seeds)")
+    atomic_write_text(mllog_out, parsed.to_text())
+    job.clear_failure(plan.seed_dir)
+
+
+def _generated(config_path: Path) -> bool:
+    from mlrepro.plan import generate
+
+    return generate.is_generated(config_path)
+
+
+def implementation_known(root: Path, bench: Benchmark) -> bool:
+    """A local implementation folder is always known; a git one once it is fetched."""
+    return bench.implementation_git is None or paths.implementation_record(root, bench.name).exists()
+
+
+def implementation_folder(bench: Benchmark, system: System) -> Path:
+    """The folder the seeds run and the image is built from: the config's, which fits the system."""
+    return implementation_config(bench, system).path.parent
+
+
+def corpus_folder(root: Path, bench: Benchmark) -> Path | None:
+    """The pretraining corpus a seed reads (its blend is an input of the seed), if the benchmark names one."""
+    return paths.corpus_dir(root, bench.corpus) if bench.corpus else None
+
+
+def dag_plan(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
+    """What the DAG shows and reserves for a seed. Until a git implementation is fetched its configs
+    are unknown: Snakemake asks before the checkpoint has run, gets a placeholder, and asks again."""
+    bench = settings.benchmark(benchmark)
+    if not implementation_known(settings.root, bench):
+        seed_dir = paths.seed_dir(settings.root, benchmark, seed)
+        # An unknown scheduler: one thread and 100 MB reserved, as a seed that only waits.
+        return job.SeedPlan(benchmark=benchmark, seed=seed, scheduler="unknown", implementation_dir=Path(),
+                            config_file=Path(), dgxsystem="", nodes=1, gpus_per_node=1, walltime_minutes=60,
+                            seed_dir=seed_dir, env={},
+                            description="shape known once the implementation is fetched")
+    return plan_seed(settings, benchmark, seed)
+
+
+def prepare(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
+    """The plan the seed runs; an MLPerf seed has nothing to put in place beyond it."""
+    return plan_seed(settings, benchmark, seed)
+
+
+def score_seed(settings: Settings, bench: Benchmark, seed: int, log_path: Path, plan: job.SeedPlan | None) -> dict:
+    """The seed's run record from its MLLOG (the plan is not needed: MLLOG says everything)."""
+    from mlrepro.scoring import rules as scoring_rules
+    from mlrepro.scoring import score as scoring
+
+    return scoring.score_run(log_path, scoring_rules.for_benchmark(bench), seed=seed)
+
+
+def unmet(root: Path, bench: Benchmark, system: System, *, with_implementation: bool) -> list[str]:
+    """What the system lacks for the benchmark beyond its `requires:`: a config that fits (once known)."""
+    if not with_implementation:
+        return []
+    try:
+        implementation_config(bench, system)
+    except ConfigError as exc:
+        return [str(exc).removeprefix(f"{bench.name} on system {system.name}: ")]
+    return []
+
+
+def config_in_use(bench: Benchmark, system: System) -> dict | None:
+    """The implementation config the runs use, {"file", "generated"} (by mlrepro plan); None if none fits."""
+    try:
+        config_path = implementation_config(bench, system).path
+    except ConfigError:
+        return None
+    return {"file": config_path.name, "generated": _generated(config_path)}
