@@ -51,5 +51,6 @@ test: install system-deps cluster
 	$(VPY) -m pytest tests
 
 lint: install
-	$(VPY) -m ruff check src tests
+	$(VPY) -m ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 	$(VPY) .ci/snakemake_lint.py

@@ -1,4 +1,4 @@
-"""The leaves import nothing above them, the trainers nothing from mlrepro, and a trainer's own
+"""The architecture: no module in an import cycle, no private name across modules; the leaves import nothing above them, the trainers nothing from mlrepro, and a trainer's own
 reading and writing of the file formats agrees with mlrepro.formats."""
 
 from __future__ import annotations
@@ -99,3 +99,72 @@ def test_the_trainers_checkpoints_are_the_folders_mlrepro_reads(train, tmp_path)
     assert json.loads((last.path / "meta.json").read_text()) == {"step": 80, "val_loss": 4.8, "samples": 1280}
     assert not (tmp_path / ".tmp_step_00000100.123").exists()
     assert [c[0] for c in train.checkpoints(tmp_path)] == [40, 80]
+
+
+def _module_cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on, stack, found, counter = {}, {}, set(), [], [], [0]
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_module_is_in_an_import_cycle():
+    """import-linter's layers keep packages apart; this keeps modules inside a package acyclic too
+    (an import inside a function counts: grimp reads every import statement)."""
+    import grimp
+
+    graph = grimp.build_graph("mlrepro", cache_dir=None)
+    assert _module_cycles(graph) == []
+
+
+def test_no_private_name_crosses_modules():
+    """`from mlrepro.x import _y` or `x._y(...)` on an mlrepro module: a private name is its module's own."""
+    crossing = []
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mlrepro":
+                crossing += [f"{path.relative_to(SRC)}: {node.module}.{a.name}"
+                             for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                modules |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                modules |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("mlrepro")}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                crossing.append(f"{path.relative_to(SRC)}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert crossing == []
