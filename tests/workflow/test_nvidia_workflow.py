@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from mlrepro.scoring import checkers
-from mlrepro.container import image as container
+from mlrepro.container import context
 from mlrepro.data import mounts
 from workspace import make_workspace, planned_jobs, snakemake_cmd
 import workspace
@@ -286,7 +286,7 @@ def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman_env,
     variant = fetched_variant(ws)
     assert record["runtime"] == "podman" and record["image_id"].startswith("sha256:")
     assert record["context"] == str(variant)
-    assert record["context_digest"] == container.context_digest(variant, variant / "Dockerfile")
+    assert record["context_digest"] == context.context_digest(variant, variant / "Dockerfile")
     # The image is in the store the workflow was given, under the recorded tag and id.
     inspected = subprocess.run(["podman", "--storage-driver", "vfs", "--root", podman_env["MLREPRO_PODMAN_ROOT"],
                                 "--runroot", podman_env["MLREPRO_PODMAN_RUNROOT"], "image", "inspect",
@@ -322,7 +322,7 @@ def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman_env,
     changed = snakemake(ws, *args, env=podman_env)
     assert ran_jobs(changed) == ["container"]
     rebuilt = json.loads((ws / target).read_text())
-    assert rebuilt["context_digest"] == container.context_digest(variant, variant / "Dockerfile")
+    assert rebuilt["context_digest"] == context.context_digest(variant, variant / "Dockerfile")
     assert rebuilt["context_digest"] != record["context_digest"]
     assert rebuilt["image_id"] != record["image_id"]
     if runtime == "enroot":

@@ -159,12 +159,12 @@ def seed_data(wc):
 
 def implementation_files(wc):
     """Input helper: the build context of the benchmark's image (the chosen implementation folder)."""
-    from mlrepro.container import image as container
+    from mlrepro.container import context
 
     ready = implementation_ready(wc)
     b = bench(wc.benchmark)
     folder = kinds.of(b).implementation_folder(b, SYSTEM)
-    return ready + [str(folder / p) for p in container.context_files(folder)]
+    return ready + [str(folder / p) for p in context.context_files(folder)]
 
 
 # config/preflight.yaml validated at parse time: a bad key, or a Megatron layout the node cannot

@@ -21,13 +21,12 @@ from mlrepro.container.image import (
     ContainerError,
     build_container,
     build_image,
-    context_digest,
-    context_files,
     environment_manifest,
     export_sqsh,
     inspect_image,
     push,
 )
+from mlrepro.container.context import context_digest, context_files
 import workspace
 
 FIXTURE_IMAGE = workspace.FIXTURES / "fixture_image"
