@@ -259,6 +259,63 @@ def test_item3_verify_checks_every_frame(tmp_path):
         extract.decompress(cut, tmp_path / "cut.jsonl")
 
 
+def corpus_with_one_shard(tree: Path, source: dict) -> dict:
+    from mlrepro import paths
+
+    path = tree / "config" / "corpora" / "mini_corpus.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["source"] = source
+    data["expected"] = {"files": 1}
+    path.write_text(yaml.safe_dump(data))
+    corpus = config.load_corpus(tree, "mini_corpus")
+    (paths.corpus_dir(tree, "mini_corpus") / "shards").mkdir(parents=True)
+    return corpus
+
+
+def downloaded_record(tree: Path, name: str, size: int) -> Path:
+    record = tree / "downloaded.json"
+    record.write_text(json.dumps({"shards": [{"position": 0, "name": name, "size": size}], "chunks": [[0, 1]]}))
+    return record
+
+
+def test_item3_a_truncated_downloaded_shard_is_downloaded_again(tree):
+    from fixtures.http_server import LocalHTTPServer
+    from mlrepro import paths
+
+    corpus_stages = module("mlrepro.stages.corpus", "mlrepro.corpus.stages")
+    src, plain = multi_frame(tree)
+    whole = src.read_bytes()
+    with LocalHTTPServer() as server:
+        server.add_file("/c/part_0.jsonl.zst", whole)
+        corpus = corpus_with_one_shard(tree, {"url": server.url("/c/part_{shard}.jsonl.zst"), "ranges": {"shard": [0, 0]}})
+        shard = paths.corpus_dir(tree, "mini_corpus") / "shards" / "part_0.jsonl.zst"
+        shard.write_bytes(whole[: len(whole) * 2 // 3])  # an earlier download that ended early
+        out = tree / "group_0.json"
+        corpus_stages.extract_group(corpus, tree, downloaded_record(tree, shard.name, len(whole)), 0, out)
+        assert len(server.requests_to("/c/part_0.jsonl.zst")) >= 1
+    extracted = paths.corpus_dir(tree, "mini_corpus") / "extracted" / "part_0.jsonl"
+    assert extracted.read_bytes() == plain
+    assert json.loads(out.read_text())["files"][0]["size"] == len(plain)
+
+
+def test_item3_a_truncated_local_shard_is_named_and_kept(tree):
+    corpus_stages = module("mlrepro.stages.corpus", "mlrepro.corpus.stages")
+    local = tree / "mine"
+    local.mkdir()
+    src, _ = multi_frame(local)
+    data = src.read_bytes()
+    src.write_bytes(data[: len(data) * 2 // 3])
+    corpus = corpus_with_one_shard(tree, {"folder": str(local), "glob": "*.zst"})
+    from mlrepro.corpus import shards
+
+    shards.fetch_shard(shards.expand(corpus["source"], tree)[0],
+                       module("mlrepro.paths").corpus_dir(tree, "mini_corpus") / "shards" / src.name,
+                       retries=0, token=None, expected=None)
+    with pytest.raises(extract.ExtractError, match="truncated"):
+        corpus_stages.extract_group(corpus, tree, downloaded_record(tree, src.name, len(data)), 0, tree / "g.json")
+    assert src.read_bytes() == data[: len(data) * 2 // 3]
+
+
 # ---------------------------------------------------------------- 4. indexed reader
 
 def small_dataset(tmp_path) -> Path:
