@@ -67,12 +67,15 @@ def test_item1_reference_log_counts(tmp_path):
     assert rec["counted"] and rec["converged"] and rec["minutes"] > 0, rec["reasons"]
 
 
-def test_item1_start_after_the_last_iteration_is_not_a_negative_score(tmp_path):
+@pytest.mark.parametrize("stamp", [None, "2026-11-23 23:59:57.000000"], ids=["moved", "moved-and-restamped"])
+def test_item1_start_after_the_last_iteration_is_not_a_negative_score(tmp_path, stamp):
     text = SDPA.read_text()
     start = START_LINE.search(text).group(0)
     last = list(ITER_LINE.finditer(text))[-1]
     moved = text.replace(start, "")
     at = moved.index(last.group(0)) + len(last.group(0))
+    if stamp:  # written when it stands: after the last iteration
+        start = f"[before the start of training step] datetime: {stamp} \n"
     rec = megatron_record(tmp_path, moved[:at] + start + moved[at:])
     assert not rec["counted"] and rec["minutes"] is None
     assert any("start of training" in r for r in rec["reasons"]), rec["reasons"]

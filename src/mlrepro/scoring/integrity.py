@@ -159,6 +159,9 @@ def training_log_problems(log) -> list[str]:
                        f"order; not scored")
             break
         previous = it
+    after = getattr(log, "start_after_iteration", None)
+    if after is not None:
+        why.append(f"the start of training is logged after iteration {after}: lines out of order; not scored")
     first = next((it for it in log.iterations if it.time is not None), None)
     if log.start is not None and first is not None and log.start > first.time:
         why.append(f"the start of training ({log.start}) is stamped after iteration {first.iteration} "
