@@ -60,6 +60,12 @@ def test_a_repeated_key_and_bad_yaml_name_the_file():
         safe_yaml.loads("a: [1, 2\n", "f.yaml")
 
 
+def test_a_control_character_names_the_file():
+    """Found by the property tests: PyYAML's reader refuses a NUL when the loader is made."""
+    with pytest.raises(safe_yaml.YamlError, match="f.yaml: not valid YAML: unacceptable character #x0000"):
+        safe_yaml.loads("a: 1\n# \x00\n", "f.yaml")
+
+
 def test_deep_nesting_is_an_error_not_a_crash():
     with pytest.raises(safe_yaml.YamlError, match="f.yaml: nested too deeply"):
         safe_yaml.loads("[" * 20_000 + "]" * 20_000, "f.yaml")

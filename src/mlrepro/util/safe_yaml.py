@@ -94,7 +94,10 @@ def decode(data: bytes, source: str) -> str:
 
 def loads(text: str, source: str, *, max_values: int = MAX_VALUES) -> Any:
     """The YAML document in `text` (None when empty); YamlError naming `source` otherwise."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)  # the reader refuses a control character (a NUL) right here
+    except yaml.YAMLError as exc:
+        raise YamlError(f"{source}: not valid YAML: {exc}") from None
     try:
         node = loader.get_single_node()
         if node is None:
