@@ -660,3 +660,18 @@ def test_item11_a_corrupt_vocab_names_the_file(tmp_path, gpt2_files, content):
     proc = run_preprocess(tmp_path, gpt2_files, b'{"text": "fine"}\n', vocab=vocab)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert str(vocab) in proc.stderr
+
+
+def test_same_class_an_implementation_config_name_that_leaves_its_folder(tree):
+    set_keys(tree / SYSTEM, implementation_configs={"mini_lora": "config_x/../../../../bin/evil.sh"})
+    msg = load_error(tree)
+    assert "local.yaml" in msg and "implementation_configs" in msg
+
+
+def test_same_class_a_git_folder_that_leaves_the_repository(tree):
+    data = yaml.safe_load((tree / BENCH).read_text())
+    data["implementation"] = {"git": {"url": "https://example.invalid/x.git", "commit": "0" * 40,
+                                      "folder": "../../../etc"}}
+    (tree / BENCH).write_text(yaml.safe_dump(data))
+    msg = load_error(tree)
+    assert "mini_lora.yaml" in msg and "implementation.git.folder" in msg and "outside" in msg
