@@ -601,8 +601,9 @@ def test_item10_a_key_given_twice_on_the_command_line(tmp_path):
     work = make_workspace(tmp_path / "w")
     proc = run_snakemake(work, "-n", "--profile", "profiles/local", "--config", "system=local", "system=local-slurm",
                          timeout=300, check=False)
+    out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "system" in proc.stderr and "twice" in proc.stderr, proc.stderr[-3000:]
+    assert "--config: key 'system' is given twice" in out, out[-3000:]
 
 
 # ---------------------------------------------------------------- 11. mlrepro preprocess
