@@ -242,3 +242,20 @@ def test_training_fingerprint_is_the_same_for_a_copy():
     assert integrity.training_fingerprint(Log(iters(1, 10, step=11), [Val(10, 4.0)], start=D0)) != \
         integrity.training_fingerprint(a)
     assert integrity.training_fingerprint(Log(iters(1), start=D0)) is None
+
+
+def test_official_parser_lines_are_checked_the_same(tmp_path):
+    """A scorer that reads logs with mlperf_logging's parser hands its LogLines to the same checks."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+    import logs_factory as lf
+
+    path = tmp_path / "result_0.txt"
+    path.write_text(lf.run_text("mini_lora", seed=3, minutes=5.0))
+    lines, errors = parse_file(str(path), ruleset="5.0.0")
+    events = [integrity.event_of(line) for line in lines]
+    start = next(e for e in events if e.key == "run_start")
+    stop = next(e for e in events if e.key == "run_stop")
+    assert not errors and integrity.run_time_problems(start, stop) == []
+    kept, problems = integrity.evaluations_in_time(events, "eval_accuracy", start, stop)
+    assert len(kept) == 4 and problems == []
+    assert integrity.fingerprint(kept, start, stop) is not None

@@ -6,8 +6,8 @@ count an evaluation stamped after the run ended, or be one run copied under seve
 checks refuse such runs; every reason they give says that mlrepro is stricter than the official
 tools here, so a submitter knows the official checker would have let the run through.
 
-The functions take MLLOG records (mlrepro.scoring.mllog.Record) or run records (score_run's dicts)
-and give reasons; the scorer decides what a reason costs the run.
+The functions take MLLOG records (mlrepro.scoring.mllog.Record, or `event_of` an mlperf_logging
+LogLine) or run records (score_run's dicts) and give reasons; the scorer decides what a reason costs.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 STRICTER = "mlrepro is stricter than mlperf_logging here"
@@ -22,6 +23,26 @@ STRICTER = "mlrepro is stricter than mlperf_logging here"
 # that cannot be trusted (or an edited log).
 EARLIEST_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
 LATEST_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
+
+
+@dataclass(frozen=True)
+class Event:
+    """The fields of an MLLOG record these checks read (mlrepro.scoring.mllog.Record has them too)."""
+
+    key: str
+    time_ms: float
+    value: Any
+    metadata: dict
+    lineno: int
+
+
+def event_of(logline) -> Event:
+    """An mlperf_logging parser LogLine (timestamp, key, value {'value', 'metadata'}, lineno) as an Event,
+    for a scorer that reads logs with the official parser."""
+    value = logline.value if isinstance(logline.value, dict) else {}
+    metadata = value.get("metadata")
+    return Event(logline.key, logline.timestamp, value.get("value"), metadata if isinstance(metadata, dict) else {},
+                 logline.lineno)
 
 
 def _finite(x: Any) -> float | None:
