@@ -4,12 +4,10 @@ mlrepro.scoring.integrity (times, one run per log, copies of a run)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 
