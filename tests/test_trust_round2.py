@@ -676,3 +676,13 @@ def test_same_class_a_git_folder_that_leaves_the_repository(tree):
     (tree / BENCH).write_text(yaml.safe_dump(data))
     msg = load_error(tree)
     assert "mini_lora.yaml" in msg and "implementation.git.folder" in msg and "outside" in msg
+
+
+@pytest.mark.parametrize("cleanup", [{"remove": ["../../../important"]}, {"remove": ["/etc/passwd"]},
+                                     {"unwrap": {"model": "../../x"}}])
+def test_same_class_a_cleanup_that_removes_outside_its_folder(tree, cleanup):
+    data = yaml.safe_load((tree / BENCH).read_text())
+    data["checkpoint"]["sources"][0]["cleanup"] = cleanup
+    (tree / BENCH).write_text(yaml.safe_dump(data))
+    msg = load_error(tree)
+    assert "mini_lora.yaml" in msg and "checkpoint.sources[0].cleanup" in msg
