@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
@@ -12,6 +13,7 @@ from mlrepro.preflight import run as preflight_run
 # last of two equal keys.
 try:
     mlrepro_config.check_config_file("config/config.yaml")
+    mlrepro_config.check_command_line(workflow.config_settings.config_args)
 except mlrepro_config.ConfigError as error:
     raise WorkflowError(f"mlrepro configuration error:\n{error}") from None
 
@@ -42,7 +44,7 @@ SYSTEM = SETTINGS.system
 # Every config/benchmarks/<name>.yaml can be asked for by file target; `benchmarks:` in
 # config.yaml is only what the default target reproduces.
 wildcard_constraints:
-    benchmark="|".join(mlrepro_config.benchmark_names(SETTINGS.root)) or "(?!)",
+    benchmark="|".join(map(re.escape, mlrepro_config.benchmark_names(SETTINGS.root))) or "(?!)",
     seed=r"\d+",
 
 

@@ -183,3 +183,21 @@ def config_in_use(bench: Benchmark, system: System) -> dict | None:
     except ConfigError:
         return None
     return {"file": config_path.name, "generated": _generated(config_path)}
+
+
+def check_target(bench: Benchmark, system: System) -> None:
+    """The implementation stops at its own TARGET_EVAL_LOSS; a benchmark file that scores another target
+    would call every run unconverged (or converged too early) once the seeds have trained."""
+    cfg = implementation_config(bench, system)
+    given = bench.env.get("TARGET_EVAL_LOSS", cfg.env.get("TARGET_EVAL_LOSS"))
+    if given is None:
+        return
+    try:
+        theirs = float(given)
+    except ValueError:
+        return  # not a number: the implementation's own check says so when it starts
+    ours = float(bench.target["value"])
+    if abs(theirs - ours) > 1e-9 * max(1.0, abs(ours)):
+        raise ConfigError(f"{bench.source.relative_to(bench.source.parents[2])}: target.value {ours:g} contradicts the "
+                          f"implementation's TARGET_EVAL_LOSS={given} ({cfg.path.name}): its runs stop at their own "
+                          f"target; make them equal (or set env: TARGET_EVAL_LOSS)")
