@@ -3,7 +3,6 @@ issue found it on main 8e72406. Every test here failed there; the item number is
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -18,29 +17,21 @@ import yaml
 import zstandard
 
 import logs_factory as lf
-from mlrepro import config
+from mlrepro import config, paths
+from mlrepro.corpus import extract, minicorpus, shards, tasks
+from mlrepro.formats import indexed
+from mlrepro.kinds import systems
+from mlrepro.scoring import megatron_score
 from mlrepro.scoring import score as scoring
+from mlrepro.scoring.rules import rules_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "megatron"
 SDPA = FIX / "megatron_sdpa.log"
 UNFUSED = FIX / "megatron_unfused.log"
 MINI_LORA_RUN = REPO / "implementations" / "mini_lora" / "reference" / "result_0.txt"
 
 
-def module(*names):
-    """The first of `names` that imports (issue 22 moves modules; these tests outlive the move)."""
-    for name in names:
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError(names)
-
-
-megatron_score = module("mlrepro.scoring.megatron_score", "mlrepro.pretrain.megatron_score")
-extract = module("mlrepro.corpus.extract")
-indexed = module("mlrepro.formats.indexed", "mlrepro.corpus.indexed")
 
 
 # ---------------------------------------------------------------- 1. Megatron-LM logs
@@ -57,7 +48,7 @@ def megatron_record(tmp_path, text: str, name="run.log") -> dict:
 
 
 def megatron_valid(records: list[dict]) -> dict:
-    rules = scoring.rules_for("gpt_126m", target="lm_loss<=4.5", required_runs=len(records))
+    rules = rules_for("gpt_126m", target="lm_loss<=4.5", required_runs=len(records))
     return scoring.score_runs([], rules, runs=records)
 
 
@@ -135,7 +126,7 @@ def test_item1_score_runs_refuses_a_megatron_record_without_a_positive_time(tmp_
 # ---------------------------------------------------------------- 2. MLLOG
 
 def mini_lora_rules(runs=3):
-    return scoring.rules_for("mini_lora", target="eval_accuracy<=0.925", required_runs=runs)
+    return rules_for("mini_lora", target="eval_accuracy<=0.925", required_runs=runs)
 
 
 def with_seed(text: str, seed) -> str:
@@ -150,12 +141,12 @@ def with_seed(text: str, seed) -> str:
 
 
 def score_copies(tmp_path, texts, rules, **kw):
-    paths = []
+    logs = []
     for i, text in enumerate(texts):
         p = tmp_path / f"result_{i}.txt"
         p.write_text(text)
-        paths.append(p)
-    return scoring.score_runs(paths, rules, run_compliance=False, **kw)
+        logs.append(p)
+    return scoring.score_runs(logs, rules, run_compliance=False, **kw)
 
 
 @pytest.mark.parametrize("seeds", [(101, 102, 103), (101, None, None)], ids=["seeds-edited", "seed-dropped"])
@@ -171,7 +162,7 @@ def test_item2_a_run_copied_with_its_seed_edited_is_one_run(tmp_path, seeds):
 
 def test_item2_llama2_copies_with_edited_seeds(tmp_path):
     base = lf.run_text(seed=7, minutes=21.5)
-    result = score_copies(tmp_path, [with_seed(base, 100 + i) for i in range(10)], scoring.rules_for("llama2_70b_lora"))
+    result = score_copies(tmp_path, [with_seed(base, 100 + i) for i in range(10)], rules_for("llama2_70b_lora"))
     assert not result["valid"]
     assert sum(r["duplicate"] for r in result["runs"]) == 9
 
@@ -179,7 +170,7 @@ def test_item2_llama2_copies_with_edited_seeds(tmp_path):
 def test_item2_distinct_runs_with_the_same_curve_shape_are_not_duplicates(tmp_path):
     """Guard: runs that differ in their times are distinct even when their evaluations agree."""
     texts = [lf.run_text("mini_lora", seed=100 + i, minutes=10 + i) for i in range(3)]
-    rules = scoring.rules_for("mini_lora", target="eval_accuracy<=2.5", required_runs=3)
+    rules = rules_for("mini_lora", target="eval_accuracy<=2.5", required_runs=3)
     result = score_copies(tmp_path, texts, rules)
     assert not any(r["duplicate"] for r in result["runs"]), [r["reasons"] for r in result["runs"]]
     assert result["valid"], result["reasons"]
@@ -263,8 +254,6 @@ def test_item3_verify_checks_every_frame(tmp_path):
 
 
 def corpus_with_one_shard(tree: Path, source: dict) -> dict:
-    from mlrepro import paths
-
     path = tree / "config" / "corpora" / "mini_corpus.yaml"
     data = yaml.safe_load(path.read_text())
     data["source"] = source
@@ -283,9 +272,6 @@ def downloaded_record(tree: Path, name: str, size: int) -> Path:
 
 def test_item3_a_truncated_downloaded_shard_is_downloaded_again(tree):
     from fixtures.http_server import LocalHTTPServer
-    from mlrepro import paths
-
-    corpus_stages = module("mlrepro.stages.corpus", "mlrepro.corpus.stages")
     src, plain = multi_frame(tree)
     whole = src.read_bytes()
     with LocalHTTPServer() as server:
@@ -294,7 +280,7 @@ def test_item3_a_truncated_downloaded_shard_is_downloaded_again(tree):
         shard = paths.corpus_dir(tree, "mini_corpus") / "shards" / "part_0.jsonl.zst"
         shard.write_bytes(whole[: len(whole) * 2 // 3])  # an earlier download that ended early
         out = tree / "group_0.json"
-        corpus_stages.extract_group(corpus, tree, downloaded_record(tree, shard.name, len(whole)), 0, out)
+        tasks.extract_group(corpus, tree, downloaded_record(tree, shard.name, len(whole)), 0, out)
         assert len(server.requests_to("/c/part_0.jsonl.zst")) >= 1
     extracted = paths.corpus_dir(tree, "mini_corpus") / "extracted" / "part_0.jsonl"
     assert extracted.read_bytes() == plain
@@ -302,20 +288,17 @@ def test_item3_a_truncated_downloaded_shard_is_downloaded_again(tree):
 
 
 def test_item3_a_truncated_local_shard_is_named_and_kept(tree):
-    corpus_stages = module("mlrepro.stages.corpus", "mlrepro.corpus.stages")
     local = tree / "mine"
     local.mkdir()
     src, _ = multi_frame(local)
     data = src.read_bytes()
     src.write_bytes(data[: len(data) * 2 // 3])
     corpus = corpus_with_one_shard(tree, {"folder": str(local), "glob": "*.zst"})
-    from mlrepro.corpus import shards
-
     shards.fetch_shard(shards.expand(corpus["source"], tree)[0],
-                       module("mlrepro.paths").corpus_dir(tree, "mini_corpus") / "shards" / src.name,
+                       paths.corpus_dir(tree, "mini_corpus") / "shards" / src.name,
                        retries=0, token=None, expected=None)
     with pytest.raises(extract.ExtractError, match="truncated"):
-        corpus_stages.extract_group(corpus, tree, downloaded_record(tree, src.name, len(data)), 0, tree / "g.json")
+        tasks.extract_group(corpus, tree, downloaded_record(tree, src.name, len(data)), 0, tree / "g.json")
     assert src.read_bytes() == data[: len(data) * 2 // 3]
 
 
@@ -385,8 +368,7 @@ def test_item4_a_fifo_is_refused_without_blocking(tmp_path, which):
     target = Path(f"{prefix}.{which}")
     target.unlink()
     os.mkfifo(target)
-    code = ("import sys\nfrom mlrepro.formats import indexed\n" if indexed.__name__ == "mlrepro.formats.indexed"
-            else "import sys\nfrom mlrepro.corpus import indexed\n")
+    code = "from mlrepro.formats import indexed\n"
     code += (f"try:\n    indexed.IndexedReader({str(prefix)!r})\nexcept indexed.IndexedFormatError as e:\n"
              f"    print('REFUSED', e)\n")
     try:
@@ -564,21 +546,21 @@ def test_item10_a_system_whose_name_is_not_its_file(tree):
     assert "local.yaml" in msg and "name" in msg and "other" in msg
 
 
-def test_item10_an_unknown_ruleset_is_refused_at_load(tree):
+def test_item10_an_unknown_ruleset_is_refused_before_any_job(tree):
+    """At parse time: the check every input function makes of its benchmark (kinds.systems.check)."""
     set_keys(tree / BENCH, ruleset="9.9.9")
-    msg = load_error(tree)
-    assert "mini_lora.yaml" in msg and "ruleset" in msg and "9.9.9" in msg
-
-
-def fit_check():
-    return module("mlrepro.kinds", "mlrepro.systems")
+    settings = config.load(base_config(), tree)
+    with pytest.raises(config.ConfigError) as err:
+        systems.check(settings, "mini_lora")
+    msg = str(err.value)
+    assert "mini_lora.yaml" in msg and "ruleset" in msg and "9.9.9" in msg and "5.0.0" in msg
 
 
 def test_item10_a_target_that_contradicts_the_implementation(tree):
     set_keys(tree / BENCH, target__value=0.5)
     settings = config.load(base_config(), tree)
     with pytest.raises(config.ConfigError) as err:
-        fit_check().check(settings, "mini_lora")
+        systems.check(settings, "mini_lora")
     msg = str(err.value)
     assert "mini_lora.yaml" in msg and "TARGET_EVAL_LOSS" in msg and "0.925" in msg
 
@@ -607,10 +589,6 @@ def test_item10_a_key_given_twice_on_the_command_line(tmp_path):
 
 
 # ---------------------------------------------------------------- 11. mlrepro preprocess
-
-preprocess = module("mlrepro.corpus.preprocess")
-minicorpus = module("mlrepro.corpus.minicorpus")
-
 
 @pytest.fixture(scope="module")
 def gpt2_files(tmp_path_factory):

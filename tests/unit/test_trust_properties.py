@@ -9,7 +9,6 @@ the whole file on CI's 2 cores; the deadline is off because a shared machine sta
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -27,9 +26,13 @@ from hypothesis import strategies as st
 
 import logs_factory as lf
 from mlrepro import config
+from mlrepro.corpus import extract
+from mlrepro.formats import indexed
+from mlrepro.scoring import megatron_score
 from mlrepro.scoring import score as scoring
+from mlrepro.scoring.rules import rules_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCALE = float(os.environ.get("MLREPRO_PROPERTY_EXAMPLES", "1"))
 
 
@@ -39,18 +42,6 @@ def budget(n: int):
                                            HealthCheck.data_too_large])
 
 
-def module(*names):
-    for name in names:
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError(names)
-
-
-megatron_score = module("mlrepro.scoring.megatron_score", "mlrepro.pretrain.megatron_score")
-extract = module("mlrepro.corpus.extract")
-indexed = module("mlrepro.formats.indexed", "mlrepro.corpus.indexed")
 
 # Run time limits: a counted run lies between 2000 and 2100 (mlrepro.scoring.integrity).
 MAX_MINUTES = (4_102_444_800_000 - 946_684_800_000) / 60_000
@@ -58,7 +49,7 @@ MAX_MINUTES = (4_102_444_800_000 - 946_684_800_000) / 60_000
 
 # ---------------------------------------------------------------- MLLOG
 
-MINI = scoring.rules_for("mini_lora", target="eval_accuracy<=2.5", required_runs=1)
+MINI = rules_for("mini_lora", target="eval_accuracy<=2.5", required_runs=1)
 BASE_LINES = lf.run_lines("mini_lora", seed=7, minutes=12.5)
 TIME = re.compile(r'"time_ms": [-+0-9.eE]+|"time_ms": (?:NaN|Infinity|-Infinity)')
 
@@ -113,7 +104,7 @@ def test_mllog_copies_of_one_run_count_once(tmp_path_factory, edits, shift):
             lines.append(line)
         paths.append(folder / f"result_{n}.txt")
         paths[-1].write_text("\n".join(lines) + "\n")
-    rules = scoring.rules_for("mini_lora", target="eval_accuracy<=2.5", required_runs=len(edits))
+    rules = rules_for("mini_lora", target="eval_accuracy<=2.5", required_runs=len(edits))
     result = scoring.score_runs(paths, rules, run_compliance=False)
     assert sum(not r["duplicate"] for r in result["runs"]) == 1
     assert not result["valid"]
