@@ -160,9 +160,16 @@ def test_item2_a_run_copied_with_its_seed_edited_is_one_run(tmp_path, seeds):
     assert all("stricter than" in " ".join(r["reasons"]) for r in dups), [r["reasons"] for r in dups]
 
 
-def test_item2_llama2_copies_with_edited_seeds(tmp_path):
+@pytest.mark.parametrize("compliance", [False, True], ids=["generic", "official-checker-passing"])
+def test_item2_llama2_copies_with_edited_seeds(tmp_path, compliance):
     base = lf.run_text(seed=7, minutes=21.5)
-    result = score_copies(tmp_path, [with_seed(base, 100 + i) for i in range(10)], rules_for("llama2_70b_lora"))
+    logs = []
+    for i in range(10):
+        logs.append(tmp_path / f"result_{i}.txt")
+        logs[-1].write_text(with_seed(base, 100 + i))
+    result = scoring.score_runs(logs, rules_for("llama2_70b_lora"), run_compliance=compliance)
+    if compliance:  # the official checker finds nothing wrong with any copy
+        assert all(r["compliance"]["pass"] for r in result["runs"]), [r["compliance"] for r in result["runs"]]
     assert not result["valid"]
     assert sum(r["duplicate"] for r in result["runs"]) == 9
 
