@@ -1,0 +1,46 @@
+"""The preflight's matmul figure (the power-capped steady state) and the GPUs a job was given (issue 23)."""
+
+import pytest
+
+from mlrepro.preflight import matmul, visible
+
+N = 8192
+MS_AT_660 = 2 * N ** 3 / 660e12 * 1e3  # one 8192^3 product at 660 TFLOP/s, in ms
+
+
+def test_rate_is_the_median_call_so_one_stray_slow_call_does_not_move_it():
+    calls = [MS_AT_660] * 99 + [50 * MS_AT_660]
+    assert matmul.rate_tflops(calls, N) == pytest.approx(660, rel=1e-9)
+
+
+def test_a_gpu_shared_with_another_job_reads_low_on_every_call():
+    # Time-sliced with a second matmul loop, every call takes about twice as long (measured: 262 of 653).
+    shared = [2.4 * MS_AT_660, 2.6 * MS_AT_660] * 50
+    assert matmul.rate_tflops(shared, N) < 0.45 * 660
+
+
+def test_burst_is_the_first_ten_calls_the_way_the_789_reference_was_measured():
+    calls = [MS_AT_660 * 660 / 787] * 10 + [MS_AT_660] * 500
+    assert matmul.burst_tflops(calls, N) == pytest.approx(787, rel=1e-9)
+    assert matmul.rate_tflops(calls, N) == pytest.approx(660, rel=1e-9)
+    assert matmul.burst_tflops(calls[:9], N) is None
+    with pytest.raises(ValueError):
+        matmul.rate_tflops([], N)
+
+
+UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000", "GPU-dddd4444-0000"]
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, [0, 1, 2, 3]),        # unset: the whole node
+    ("", []),                    # set empty: no GPU
+    ("2,3", [2, 3]),             # Slurm's --gpus=2 on the second pair
+    ("3,1", [3, 1]),             # torch's device 0 is NVML's 3
+    ("0,7,1", [0]),              # CUDA stops at the first entry that names no GPU
+    ("GPU-cccc,GPU-aaaa1111", [2, 0]),  # UUIDs and unique prefixes
+    ("GPU-", []),                # a prefix naming every GPU names none
+    ("1,1", []),                 # a GPU named twice: CUDA sees none
+    ("MIG-1234", []),
+])
+def test_cuda_visible_devices_picks_the_nvml_gpus_in_torch_order(value, expected):
+    assert visible.nvml_indices(value, 4, UUIDS.__getitem__) == expected
