@@ -1,8 +1,8 @@
 """Why a healthy H200 reads 655-664 TFLOP/s in the preflight against a 789 reference (issue 23, item 2).
 
 One run on every visible GPU (one device call, about a minute), printing a table with ratios:
-- `preflight`: mlrepro.preflight.compute.matmul_tflops as it is (8192^3 bf16, mean over a 2 s window
-  after 3 warm-up calls, host clock);
+- `preflight`: the preflight's method before issue 23 (`old_preflight_tflops`: 8192^3 bf16, mean over a
+  2 s window after 3 warm-up calls, host clock), and `steady`, mlrepro.preflight.matmul.measure (after it);
 - a time series of the same matmul, each call timed by CUDA events, for TRACE_S seconds with NVML's SM
   clock, power, temperature and clock-event reasons sampled beside it (read only: no setting is
   changed). From it: `burst` = DESIGN.md section 8's method (mean of the first 10 calls after 3
@@ -28,6 +28,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 N = 8192
 TRACE_S = 8.0
+
+
+def old_preflight_tflops(index: int, n: int = N, seconds: float = 2.0) -> float:
+    """The preflight's matmul before issue 23: the mean over `seconds` of calls after 3 warm-ups, host clock."""
+    import torch
+
+    with torch.cuda.device(index):
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        calls, t0 = 0, time.perf_counter()
+        while True:
+            for _ in range(10):
+                torch.matmul(a, b, out=c)
+            calls += 10
+            torch.cuda.synchronize()
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                break
+        del a, b, c
+        torch.cuda.empty_cache()
+    return 2 * n ** 3 / (elapsed / calls) / 1e12
 
 
 def nvml_sampler(index: int, stop: threading.Event, out: list, t0: float, period: float = 0.02) -> None:
@@ -167,21 +192,22 @@ def load_child(index: int, stop_after: float) -> None:
 def main(out_path: str) -> None:
     import torch
 
-    from mlrepro.preflight import compute
+    from mlrepro.preflight import matmul
 
     ngpu = torch.cuda.device_count()
     doc = {"torch": torch.__version__, "gpus": {}, "concurrent": {}, "degraded": {}}
     t_start = time.perf_counter()
     for i in range(ngpu):
         g = {"info": static_info(i)}
-        g["preflight_2s"] = round(compute.matmul_tflops(i, seconds=2.0), 1)
+        g["preflight_2s"] = round(old_preflight_tflops(i, seconds=2.0), 1)
         time.sleep(2.0)  # let it cool off a little: the trace starts from a near-idle GPU, as the reference did
         r = trace(i, TRACE_S)
         g["trace"] = windows(r["ms"])
         g["nvml"] = nvml_summary(r["nvml"])
         big = trace(i, 1.5, n=16384, sample=False)
         g["n16384_median"] = round(tflops(statistics.median(big["ms"][len(big["ms"]) // 3:]), 16384), 1)
-        g["preflight_2s_after_load"] = round(compute.matmul_tflops(i, seconds=2.0), 1)
+        g["preflight_2s_after_load"] = round(old_preflight_tflops(i, seconds=2.0), 1)
+        g["steady"] = matmul.measure(i, seconds=2.0, nvml_index=i)
         doc["gpus"][i] = g
         print(f"GPU{i} done at {time.perf_counter() - t_start:.0f} s", flush=True)
     ctx = mp.get_context("spawn")
@@ -200,7 +226,8 @@ def main(out_path: str) -> None:
     loader = ctx.Process(target=load_child, args=(last, 12.0))
     loader.start()
     time.sleep(3.0)
-    doc["degraded"] = {"gpu": last, "preflight_2s": round(compute.matmul_tflops(last, seconds=2.0), 1),
+    doc["degraded"] = {"gpu": last, "preflight_2s": round(old_preflight_tflops(last, seconds=2.0), 1),
+                       "steady": matmul.measure(last, seconds=2.0, nvml_index=last),
                        "trace": windows(trace(last, 4.0, sample=False)["ms"])}
     loader.terminate()
     loader.join()
@@ -221,7 +248,10 @@ def main(out_path: str) -> None:
         print(f"  bins 0.25 s: {t['bins_0.25s']}")
         print(f"  nvml: {g['nvml']}  info: {g['info']}")
     d = doc["degraded"]
-    print(f"degraded GPU{d['gpu']}: preflight 2s {d['preflight_2s']}, median 1-3s {d['trace'].get('median_1_3s')}")
+    print(f"degraded GPU{d['gpu']}: preflight 2s {d['preflight_2s']}, median 1-3s {d['trace'].get('median_1_3s')}, "
+          f"steady {d['steady']}")
+    for i, g in doc["gpus"].items():
+        print(f"GPU{i} steady (mlrepro.preflight.matmul): {g['steady']}")
 
 
 if __name__ == "__main__":
