@@ -45,7 +45,10 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     if seed not in bench.seeds:
         raise mlrepro_config.ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
     overrides = settings.pretrain_overrides
-    p = megatron_plan.shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
+    try:
+        p = megatron_plan.shaped(megatron_plan.chosen(root, bench, system.name, overrides), overrides)
+    except megatron_plan.Refused as exc:
+        raise mlrepro_config.ConfigError(str(exc)) from None
     if prepared and p.variant.launcher != "megatron":  # never train something other than what the plan showed
         raise mlrepro_config.ConfigError(
             f"{benchmark}: layout {p.variant.name} is {p.variant.launcher}'s own command (`snakemake -n` and "
@@ -157,7 +160,8 @@ def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmar
     from mlrepro.scoring import megatron_score, rules as scoring_rules
 
     rules = scoring_rules.for_benchmark(bench)
-    gpus = plan.ranks if plan else megatron_plan.first_fit(settings.root, bench, settings.system.name).layout.gpus
+    gpus = plan.ranks if plan else megatron_plan.chosen(settings.root, bench, settings.system.name,
+                                                         settings.pretrain_overrides).layout.gpus
     return megatron_score.score_training_log(log_path, target_loss=rules.target_value, seed=seed,
                                              benchmark=rules.benchmark, gpus=gpus,
                                              gpu=settings.system.hardware.get("gpu"))

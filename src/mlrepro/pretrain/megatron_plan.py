@@ -310,13 +310,25 @@ def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Plann
     raise Refused(f"{bench.name} cannot run on system {system!r}: " + "; ".join(reasons))
 
 
+def chosen(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None) -> Planned:
+    """The layout a seed runs: the one the workflow's `pretrain: layout` names (Refused, naming why,
+    when it does not fit the system), else the benchmark's first that fits (first_fit)."""
+    name = (overrides or {}).get("layout")
+    if not name:
+        return first_fit(root, bench, system)
+    table = variants(bench)
+    if name not in table:
+        raise Refused(f"pretrain: layout {name!r}: {bench.name} has no such layout; it has {', '.join(table)}")
+    return plan(table[name], hardware.from_system(mlrepro_config.load_system(root, system)))
+
+
 def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,
             corpus_dir: Path | None = None, seed: int | None = None, planned: Planned | None = None) -> DryRun:
-    """The dry run's one-line plan of seed `seed` (the benchmark's first by default): the first layout
-    that fits the system (see first_fit; or `planned`, already shaped), shaped by the workflow's
-    `pretrain:` overrides, and the launch line seed_run builds for it, as mlrepro.kinds.megatron runs them."""
+    """The dry run's one-line plan of seed `seed` (the benchmark's first by default): the layout the seed
+    runs (see chosen; or `planned`, already shaped), shaped by the workflow's `pretrain:` overrides, and
+    the launch line seed_run builds for it, as mlrepro.kinds.megatron runs them."""
     overrides = overrides or {}
-    p = planned or shaped(first_fit(root, bench, system), overrides)
+    p = planned or shaped(chosen(root, bench, system, overrides), overrides)
     scheduler = mlrepro_config.load_system(root, system).scheduler
     lines = describe(p, scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
                      bench.seeds[0] if seed is None else seed, overrides.get("attention"))
