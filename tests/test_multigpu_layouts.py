@@ -34,7 +34,7 @@ def test_a_layout_that_does_not_fit_or_does_not_exist_is_refused_by_name(gpt_126
 
 
 def test_the_dry_run_shows_the_named_layout(gpt_126m, tmp_path):
-    plan = megatron_plan.seed_plan(ROOT, gpt_126m, "device-h200x2", {"layout": "gpt-125m-2xtp", "gbs": 16, "mbs": 8},
+    plan = megatron_plan.dry_run(ROOT, gpt_126m, "device-h200x2", {"layout": "gpt-125m-2xtp", "gbs": 16, "mbs": 8},
                                    corpus_dir=tmp_path)
     assert "layout TP2 PP1 DP1 MBS8 GA2 (GBS 16)" in plan.describe
     assert "--tensor-model-parallel-size 2" in plan.describe and "--nproc-per-node=2" in plan.describe
