@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from mlrepro import config as mlrepro_config
-from mlrepro.pretrain import checkpoints, megatron_seed, segments
+from mlrepro.kinds import megatron as megatron_seed
+from mlrepro.launch import chain as segments
+from mlrepro.pretrain import checkpoints
 from test_megatron_seed import FIXTURES, _workspace
 
 ROOT = Path(__file__).resolve().parents[1]
