@@ -60,12 +60,12 @@ quick_seconds: 0.3
 baseline: $2
 EOF
 }
-gpt126m() {  # lane, layout, system, iterations, extra pretrain keys
+gpt126m() {  # lane, layout, system, iterations, extra pretrain keys[, MBS (8; GBS is 16)]
   lane "$1"
   cat > "/tmp/lanes/$1/device.yaml" <<EOF
 benchmarks: [gpt_126m]
 corpora: [mini_corpus]
-pretrain: {layout: $2, train_iters: $4, gbs: 16, mbs: 8, attention: sdpa, megatron: $C/megatron.tar.gz, walltime_minutes: 9$5}
+pretrain: {layout: $2, train_iters: $4, gbs: 16, mbs: ${6:-8}, attention: sdpa, megatron: $C/megatron.tar.gz, walltime_minutes: 9$5}
 EOF
 }
 keep() {  # lane, what to keep of its results (globs under the lane)
@@ -154,7 +154,7 @@ if [ "$PART" = train ]; then
 fi
 
 if [ "$PART" = four ] && [ "$NGPU" -ge 4 ]; then
-  gpt126m g4 gpt-125m-4xdp "$SYS4" 300 ""
+  gpt126m g4 gpt-125m-4xdp "$SYS4" 300 "" 4   # GBS 16 over DP4: MBS 4
   smk g4 300 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS4
   keep g4 $seed_files
   say "GPT-126M DP4: $(head -c 400 /tmp/lanes/g4/results/gpt_126m/seed_1/run.json 2>/dev/null)"
