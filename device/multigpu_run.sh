@@ -40,7 +40,15 @@ case "$NAME" in *H200*) M=h200 ;; *H100*) M=h100 ;; *) M=h100 ;; esac
 SYS2=device-${M}x2 SYS4=device-${M}x4
 say "$PART on $NGPU x $NAME ($(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)); systems $SYS2 $SYS4"
 nvidia-smi topo -m > "$REC/topo.txt" 2>&1
-pgrep -f "minicorpus serve" >/dev/null || { python3 -m mlrepro.corpus.minicorpus serve --dir /tmp/mcs --port 18765 > /tmp/mcs.log 2>&1 & }
+# The miniature corpus the corpus stages download (config/corpora/mini_corpus.yaml), served on localhost.
+if [ ! -f /tmp/mcs.pid ]; then
+  python3 -m mlrepro.corpus.minicorpus serve --dir /tmp/mcs --port 18765 > /tmp/mcs.log 2>&1 &
+  echo $! > /tmp/mcs.pid
+fi
+for _ in $(seq 60); do
+  python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18765/tokenizer/vocab.json')" 2>/dev/null && break
+  sleep 0.5
+done
 
 # A scratch copy of the repository per lane (own results/, resources/, .snakemake/).
 lane() { rm -rf "/tmp/lanes/$1"; mkdir -p /tmp/lanes; cp -r "$T" "/tmp/lanes/$1"; }
