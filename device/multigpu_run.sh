@@ -41,7 +41,8 @@ SYS2=device-${M}x2 SYS4=device-${M}x4
 say "$PART on $NGPU x $NAME ($(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)); systems $SYS2 $SYS4"
 nvidia-smi topo -m > "$REC/topo.txt" 2>&1
 # The miniature corpus the corpus stages download (config/corpora/mini_corpus.yaml), served on localhost.
-if [ ! -f /tmp/mcs.pid ]; then
+# (A warm machine keeps /tmp between calls but not the processes: start it unless ours still runs.)
+if ! { [ -f /tmp/mcs.pid ] && kill -0 "$(cat /tmp/mcs.pid)" 2>/dev/null; }; then
   python3 -m mlrepro.corpus.minicorpus serve --dir /tmp/mcs --port 18765 > /tmp/mcs.log 2>&1 &
   echo $! > /tmp/mcs.pid
 fi
