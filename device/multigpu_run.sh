@@ -27,7 +27,7 @@ say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$SUMMARY"; }
 # NVLink multicast stays off on these shared hosts (KINDS.md); Megatron wants one CUDA connection.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_DEVICE_MAX_CONNECTIONS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$C"/whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/whl/*.whl \
   > /tmp/pip.txt 2>&1 || { say "wheel install failed"; tail -5 /tmp/pip.txt | tee -a "$SUMMARY"; }
 export PYTHONPATH=/tmp/site:$C/stubs:$T/src
 # Megatron builds its dataset helpers with make, which asks python3-config (absent from the image).
