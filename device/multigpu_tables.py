@@ -11,7 +11,6 @@ the corpus stages' miniature has 554), drawn by mlrepro.pretrain.loss_band.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
