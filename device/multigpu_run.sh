@@ -1,9 +1,11 @@
 #!/bin/bash
 # Issue 23 on a lent multi-GPU machine (nvidia-h200-x2/-x4, nvidia-h100-x2/-x4), no network, through the
-# workflow. Carried (device tool `carry`): the folder device/multigpu_carry.sh builds (default .gpu/mg):
-# tree.tar.gz (this repository at the commit under test), megatron.tar.gz (Megatron-LM at the pinned
-# commit), whl/ (the wheels the device image lacks), stubs/. One device call per part:
-#   mkdir -p /tmp/t && tar xzf .gpu/mg/tree.tar.gz -C /tmp/t && bash /tmp/t/device/multigpu_run.sh PART
+# workflow. Carried (device tool `carry`): the folder device/multigpu_carry.sh builds (C, default .gpu/mg):
+# megatron.tar.gz (Megatron-LM at the pinned commit), whl/ (the wheels the device image lacks), stubs/,
+# and tree.tar.gz (the repository at the commit under test, for a node whose checkout is another). One
+# device call per part, from the checkout's root:
+#   bash device/multigpu_run.sh PART
+#   mkdir -p /tmp/t && tar xzf .gpu/mg/tree.tar.gz -C /tmp/t && T=/tmp/t bash /tmp/t/device/multigpu_run.sh PART
 # PART node:  5 preflights of the 2-GPU system (GPUs 0,1), the degraded-GPU preflight (a matmul loop on
 #             GPU1), 2 preflights of the 4-GPU system (x4 only), seed 003's baseline on 2 GPUs (DP2, TP2,
 #             the planner's layout; the probe) and, on GPUs 2,3 at the same time (x4; else after), GPT-126M
@@ -17,7 +19,7 @@
 set -u
 PART=${1:?node, train or four}
 C=${C:-$PWD/.gpu/mg}
-T=${T:-/tmp/t}
+T=${T:-$(cd "$(dirname "$0")/.." && pwd)}  # the repository under test: this script's own, or an unpacked tree.tar.gz
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 REC=/tmp/rec/$PART; mkdir -p "$REC"
 SUMMARY=$OUT/$PART.txt
