@@ -85,7 +85,8 @@ keep() {  # lane, what to keep of its results (globs under the lane)
   (cd "/tmp/lanes/$l" && for g in "$@"; do for f in $g; do [ -e "$f" ] && mkdir -p "$REC/$l/$(dirname "$f")" && cp -r "$f" "$REC/$l/$f"; done; done)
 }
 seed_files="results/gpt_126m*/seed_1/run.json results/gpt_126m*/seed_1/mllog.txt results/gpt_126m*/seed_1/launch.sh \
-  results/gpt_126m*/seed_1/segments.json results/gpt_126m*/score.json results/gpt_126m*/verdict.json logs/train"
+  results/gpt_126m*/seed_1/segments.json results/gpt_126m*/seed_1/attempt_*/run.log results/gpt_126m*/score.json
+  results/gpt_126m*/verdict.json logs/train"
 
 if [ "$PART" = node ]; then
   lane pf2; preflight_yaml pf2 "{}"
