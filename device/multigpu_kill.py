@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from mlrepro.pretrain import checkpoints, progress
+from mlrepro.formats import checkpoints
+from mlrepro.pretrain import progress
 
 
 def main(seed: Path, segment: int = 2, save_interval: int = 100, timeout: float = 600) -> int:

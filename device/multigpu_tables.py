@@ -18,7 +18,7 @@ import numpy as np
 
 from mlrepro.baseline import megatron as baseline_megatron
 from mlrepro.plan.layout import Layout
-from mlrepro.pretrain import loss_band
+from mlrepro.scoring import loss_band
 
 MIB = 1 << 20
 BUSBW_REF = {16 * MIB: 216, 256 * MIB: 299, 1024 * MIB: 322, 4096 * MIB: 343}  # 2x H200, DESIGN.md section 8

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro.gpus import datasheet_peak_tflops
-from mlrepro.plan import memory, models, workloads
+from mlrepro.plan import hardware, memory, models, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.preflight.run import healthy_record
 from mlrepro.kinds.megatron import ensure_megatron

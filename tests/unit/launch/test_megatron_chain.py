@@ -14,11 +14,30 @@ import pytest
 from mlrepro import config as mlrepro_config
 from mlrepro.kinds import megatron as megatron_seed
 from mlrepro.launch import chain as segments
-from mlrepro.pretrain import checkpoints
-from test_megatron_seed import FIXTURES, _workspace
+from mlrepro.formats import checkpoints
+from mlrepro.corpus import blend
+from mlrepro.formats import indexed
+from workspace import FIXTURES, make_workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 RUN_AND_TIME = ROOT / "implementations/megatron_gpt/run_and_time.sh"
+
+
+def _workspace(dest: Path) -> Path:
+    """A workspace whose corpus stages have run: a 64-token blend and a 554-token vocabulary."""
+    import numpy as np
+
+    ws = make_workspace(dest)
+    corpus = ws / "resources" / "corpora" / "mini_corpus"
+    prefix = corpus / "preprocessed" / "train_chunk_0_text_document"
+    prefix.parent.mkdir(parents=True)
+    w = indexed.IndexedWriter(f"{prefix}.bin")
+    w.add_document(np.arange(64, dtype=np.uint16))
+    w.finalize(f"{prefix}.idx")
+    blend.write_blend([str(prefix)], corpus / "data_prefix.json")
+    (corpus / "tokenizer").mkdir()
+    (corpus / "tokenizer" / "vocab.json").write_text(json.dumps({f"t{i}": i for i in range(554)}))
+    return ws
 
 
 def chained_benchmark(ws: Path, job_seconds: float, margin: float) -> None:

@@ -1,58 +1,23 @@
-"""Several GPUs through the workflow (issue 23): the layout a GPT seed runs on a 2- or 4-GPU system."""
+"""Seed 003's Megatron baseline on several GPUs (issue 23): the layouts of one precision, the planner's
+among them, each with the planner's predicted iteration time."""
 
+import dataclasses
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from mlrepro import config
-from mlrepro.pretrain import megatron_plan
+from mlrepro.baseline import megatron, report
+from mlrepro.plan import hardware
+from mlrepro.plan.layout import Layout
+from mlrepro.preflight.run import load_settings
+from test_baseline_megatron import H100, RECORDED
+from workspace import make_workspace
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def gpt_126m():
-    return config.load_benchmark(ROOT, "gpt_126m")
-
-
-@pytest.mark.parametrize("layout, shape", [
-    (None, (1, 1, 1)),              # the benchmark's first layout that fits: one GPU of the two
-    ("gpt-125m-2xdp", (1, 1, 2)),   # seed 002's "2x DP" row
-    ("gpt-125m-2xtp", (2, 1, 1)),
-])
-def test_the_workflow_names_the_layout_a_seed_runs(gpt_126m, layout, shape):
-    lay = megatron_plan.chosen(ROOT, gpt_126m, "device-h200x2", {"layout": layout}).layout
-    assert (lay.tp, lay.pp, lay.dp) == shape
-
-
-def test_a_layout_that_does_not_fit_or_does_not_exist_is_refused_by_name(gpt_126m):
-    with pytest.raises(megatron_plan.Refused, match="gpt-125m-4xdp needs 4 GPUs .* device-h200x2 has 2"):
-        megatron_plan.chosen(ROOT, gpt_126m, "device-h200x2", {"layout": "gpt-125m-4xdp"})
-    with pytest.raises(megatron_plan.Refused, match="no such layout; it has gpt-125m, gpt-125m-2xdp"):
-        megatron_plan.chosen(ROOT, gpt_126m, "device-h200x2", {"layout": "gpt-125m-8xdp"})
-    assert megatron_plan.chosen(ROOT, gpt_126m, "device-h100x4", {"layout": "gpt-125m-4xdp"}).layout.dp == 4
-
-
-def test_the_dry_run_shows_the_named_layout(gpt_126m, tmp_path):
-    plan = megatron_plan.dry_run(ROOT, gpt_126m, "device-h200x2", {"layout": "gpt-125m-2xtp", "gbs": 16, "mbs": 8},
-                                   corpus_dir=tmp_path)
-    assert "layout TP2 PP1 DP1 MBS8 GA2 (GBS 16)" in plan.describe
-    assert "--tensor-model-parallel-size 2" in plan.describe and "--nproc-per-node=2" in plan.describe
-
-
-# Seed 003's Megatron baseline on several GPUs: the layouts of one precision, the planner's among them.
-
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-
-from mlrepro.baseline import megatron, report  # noqa: E402
-from mlrepro.plan import hardware  # noqa: E402
-from mlrepro.plan.layout import Layout  # noqa: E402
-from mlrepro.preflight.run import load_settings  # noqa: E402
-from test_baseline_megatron import H100, RECORDED  # noqa: E402
-from workspace import make_workspace  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
 
 SEED_003 = {"benchmark": "gpt_1p3b", "precisions": ["bf16"], "mbs": 4, "gbs": 16, "iterations": 20, "tp": 1, "pp": 1,
             "dp": None, "attention": "sdpa", "timeout_s": 420,

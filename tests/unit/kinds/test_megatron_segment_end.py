@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "implementations/megatron_gpt/segment_end.py"
 LOG = ROOT / "tests/fixtures/megatron/megatron_sdpa.log"  # a real 300-iteration run (log interval 10)
 
