@@ -178,5 +178,66 @@ if [ "$PART" = four ] && [ "$NGPU" -ge 4 ]; then
   say "baseline 4 GPUs: $(grep -h '^|' /tmp/lanes/bl4/results/baseline/$SYS4/baseline_report.md 2>/dev/null | head -6)"
 fi
 
+if [ "$PART" = final ] && [ "$NGPU" -ge 4 ]; then
+  # Everything of issue 23's 2-GPU list in one call of a 4-GPU machine, lanes on disjoint GPUs:
+  #   GPUs 0,1: 5 preflights, the degraded GPU, seed 003's baseline (DP2, TP2, the planner's layout, a probe), GPT-126M TP2
+  #   GPU 2:    the chained seed (650 iterations, one-minute Megatron clock, attempt 2 killed), then with GPU 3: GPT-126M DP2
+  #   GPU 3:    GPT-126M TP1 DP1 uninterrupted over the same 650 iterations (item 3's 1-GPU row), then again (run-to-run)
+  ITERS=${ITERS:-650}
+  gpt126m chain gpt-125m "$SYS2" "$ITERS" ", save_interval: 100"
+  sed -e 's/^name: gpt_126m/name: gpt_126m_chain/' /tmp/lanes/chain/config/benchmarks/gpt_126m.yaml > /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
+  echo "segments: {job_seconds: 100, margin_seconds: 30, max_stalls: 2}" >> /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
+  sed -i 's/benchmarks: \[gpt_126m\]/benchmarks: [gpt_126m_chain]/' /tmp/lanes/chain/device.yaml
+  (export CUDA_VISIBLE_DEVICES=2; smk chain 420 results/gpt_126m_chain/score.json --configfile device.yaml --config system=$SYS2; say "chain done"
+   keep chain $seed_files
+   (cd /tmp/lanes/chain && say "segments: $(python3 -c "import json; [print(s['index'], s['from_step'], s['to_step'], s['status'], s.get('val_loss'), s.get('wall_s')) for s in json.load(open('results/gpt_126m_chain/seed_1/segments.json'))['segments']]" 2>&1 | tr '\n' ';')")
+   export CUDA_VISIBLE_DEVICES=2,3
+   gpt126m gdp2 gpt-125m-2xdp "$SYS2" 300 ""
+   smk gdp2 200 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep gdp2 $seed_files
+   say "GPT-126M DP2: $(python3 -c "import json; d=json.load(open('/tmp/lanes/gdp2/results/gpt_126m/seed_1/run.json')); print(d['throughput'], d['evals'][-1])" 2>&1)") &
+  CH=$!
+  (cd /tmp/lanes/chain && timeout 400 python3 "$T/device/multigpu_kill.py" results/gpt_126m_chain/seed_1 2 100 390 > "$REC/kill.json" 2>&1; say "kill: $(cat "$REC/kill.json")") &
+  KW=$!
+  (export CUDA_VISIBLE_DEVICES=3
+   for l in gm1 ref2; do
+     gpt126m $l gpt-125m "$SYS2" "$ITERS" ""
+     smk $l 240 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep $l $seed_files
+     say "GPT-126M TP1 DP1 ($l): $(python3 -c "import json; d=json.load(open('/tmp/lanes/$l/results/gpt_126m/seed_1/run.json')); print(d['throughput'], d['evals'][-1])" 2>&1)"
+   done) &
+  R=$!
+  (
+    export CUDA_VISIBLE_DEVICES=0,1
+    lane pf2; preflight_yaml pf2 "{}"
+    for i in 1 2 3 4 5; do
+      smk pf2 90 "results/preflight/$SYS2/preflight.json" --config system=$SYS2 --forcerun preflight
+      cp /tmp/lanes/pf2/results/preflight/$SYS2/preflight.json "$REC/preflight2_$i.json" 2>/dev/null
+      say "2-GPU preflight $i: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); h=d['hosts'][0]; print(d['summary']['verdict'], [(g['index'], g['matmul_bf16_tflops'], g['verdict']) for g in h['gpus']], [(a['bytes']>>20, a['busbw_gbps']) for a in h['allreduce'] if a['bytes'] in (16<<20, 256<<20, 1<<30, 4<<30)], d['seconds'], 's')" "$REC/preflight2_$i.json" 2>&1 | tail -1)"
+    done
+    cp -r /tmp/lanes/pf2/results/preflight/$SYS2 "$REC/preflight2_last" 2>/dev/null
+    CUDA_VISIBLE_DEVICES=1 python3 -c "
+import torch, time
+a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)
+t = time.time()
+while time.time() - t < 60:
+    a @ a
+" & LOAD=$!
+    sleep 5
+    (cd /tmp/lanes/pf2 && timeout 90 python3 -m mlrepro preflight --system $SYS2 --out "$REC/degraded" > "$REC/degraded.txt" 2>&1)
+    kill $LOAD 2>/dev/null; wait $LOAD 2>/dev/null
+    say "degraded: $(grep -E 'GPU[0-9]' "$REC/degraded.txt" | tr '\n' ' ')"
+    lane bl2
+    preflight_yaml bl2 "{runs: [{model: gpt-1.3b, precision: bf16, mbs: 8, ga: 2, attention: flash, residual: bf16, compile_scope: block}], steps: 3, warmup: 2, budget_s: 60, megatron: {benchmark: gpt_1p3b, precisions: [bf16], mbs: 4, gbs: 16, iterations: 20, attention: sdpa, timeout_s: 150, layouts: [{tp: 1}, {tp: 2}, {planner: true}]}}"
+    printf 'benchmarks: [gpt_126m]\npretrain: {megatron: %s}\n' "$C/megatron.tar.gz" > /tmp/lanes/bl2/device.yaml
+    smk bl2 330 "results/baseline/$SYS2/baseline.json" --configfile device.yaml --config system=$SYS2
+    keep bl2 "results/baseline/$SYS2" "results/preflight/$SYS2/preflight.json" logs/baseline
+    say "baseline 2 GPUs: $(grep -h '^|' /tmp/lanes/bl2/results/baseline/$SYS2/baseline_report.md 2>/dev/null | cut -c1-260 | head -6)"
+    gpt126m gtp2 gpt-125m-2xtp "$SYS2" 300 ""
+    smk gtp2 200 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep gtp2 $seed_files
+    say "GPT-126M TP2: $(python3 -c "import json; d=json.load(open('/tmp/lanes/gtp2/results/gpt_126m/seed_1/run.json')); print(d['throughput'], d['evals'][-1])" 2>&1)"
+  )
+  wait $CH $R
+  kill $KW 2>/dev/null
+fi
+
 tar czf "$OUT/$PART.tgz" -C /tmp/rec "$PART"
 say "$PART done; $(du -h "$OUT/$PART.tgz" | cut -f1) of records"

@@ -98,7 +98,10 @@ def pretrain_args(run: Run) -> list[str]:
     if run.save:
         args += ["--save", run.save, "--load", run.save, "--save-interval", str(run.save_interval or run.train_iters)]
     if run.local_impl:
-        args += LOCAL_IMPL
+        # Sequence parallelism needs Transformer Engine's or apex's LayerNorm: Megatron's local layer
+        # (torch LayerNorm) refuses it ("sequence parallel not supported by torch LayerNorm"), so TP runs
+        # without it here, as the planner's memory model then counts.
+        args = [a for a in args if a != "--sequence-parallel"] + LOCAL_IMPL
     if run.sdpa:
         args += SDPA_SPEC
     return args + list(run.extra)

@@ -82,3 +82,15 @@ def test_a_gpu_without_a_reference_is_still_judged_against_its_peers():
 def test_one_gpu_has_no_peers():
     (only,) = judged([h200(0, 640.0)])
     assert only["verdict"] == "pass"
+
+
+def test_the_stage_script_is_harmless_when_a_spawned_child_imports_it():
+    """The preflight's all_reduce ranks start with multiprocessing's spawn: each child imports the running
+    script as __mp_main__ (on 2 H200s every workflow preflight died: NameError: name 'snakemake')."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "workflow" / "scripts" / "stage.py"
+    runpy.run_path(str(script), run_name="__mp_main__")
+    with pytest.raises(NameError, match="snakemake"):
+        runpy.run_path(str(script), run_name="__main__")

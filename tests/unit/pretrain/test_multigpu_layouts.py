@@ -38,3 +38,14 @@ def test_the_dry_run_shows_the_named_layout(gpt_126m, tmp_path):
                                    corpus_dir=tmp_path)
     assert "layout TP2 PP1 DP1 MBS8 GA2 (GBS 16)" in plan.describe
     assert "--tensor-model-parallel-size 2" in plan.describe and "--nproc-per-node=2" in plan.describe
+
+
+def test_tensor_parallel_without_te_or_apex_runs_without_sequence_parallelism():
+    """Megatron's local layer refuses --sequence-parallel (torch LayerNorm): the 2x TP seed died at start."""
+    from mlrepro.plan.layout import Layout
+    from mlrepro.pretrain import megatron_launch
+
+    lay = Layout(tp=2, sp=True, mbs=8, ga=2)
+    local = megatron_launch.pretrain_args(megatron_launch.Run("gpt-126m", lay, 10))
+    te = megatron_launch.pretrain_args(megatron_launch.Run("gpt-126m", lay, 10, local_impl=False))
+    assert "--sequence-parallel" not in local and "--sequence-parallel" in te
