@@ -62,6 +62,9 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
     marker = child_env[proctree.MARKER]
     hide = secrets.redactor(child_env)
     write_error: list[str] = []
+    if "CUDA_VISIBLE_DEVICES" in env:
+        # The quick preflight measures in this process, whose GPUs submitit renumbered from 0 (given_gpus).
+        os.environ["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
     if preflight_failed(Path(log_path)):
         return PREFLIGHT_EXIT
     with open(log_path, "ab") as out:
