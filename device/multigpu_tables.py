@@ -2,7 +2,7 @@
 
     python3 device/multigpu_tables.py RECORDS_DIR > docs/measurements/multigpu/tables.md
 
-RECORDS_DIR holds the unpacked node.tgz, train.tgz and four.tgz (folders node/, train/, four/). Loss curves
+RECORDS_DIR holds the unpacked node.tgz, train.tgz, four.tgz or final.tgz (folders node/, train/, four/, final/). Loss curves
 of the GPT-126M layouts are held to a +-3% band around the TP1 DP1 run's curve (the band of
 implementations/megatron_gpt/reference/gpt_126m_loss.csv, whose curve is for a 27,169-token vocabulary:
 the corpus stages' miniature has 554), drawn by mlrepro.pretrain.loss_band.
@@ -34,9 +34,9 @@ def load(path: Path):
 
 def preflights(rec: Path) -> list[tuple[str, dict]]:
     found = []
-    for name, path in [(p.stem, p) for p in sorted((rec / "node").glob("preflight*_*.json"))] + [
-            ("degraded (matmul loop on GPU1)", rec / "node" / "degraded" / "preflight.json"),
-            ("baseline's preflight, 2 GPUs", next(iter((rec / "node" / "bl2").glob("results/preflight/*/preflight.json")), Path("-"))),
+    for name, path in [(f"{p.parent.name}/{p.stem}", p) for p in sorted(rec.glob("*/preflight*_*.json"))] + [
+            ("degraded (matmul loop on GPU1)", next(iter(rec.glob("*/degraded/preflight.json")), Path("-"))),
+            ("baseline's preflight, 2 GPUs", next(iter(rec.glob("*/bl2/results/preflight/*/preflight.json")), Path("-"))),
             ("baseline's preflight, 4 GPUs", next(iter((rec / "four" / "bl4").glob("results/preflight/*/preflight.json")), Path("-")))]:
         doc = load(path)
         if doc:
@@ -78,10 +78,11 @@ def curve_band(curve: list) -> loss_band.Band:
 
 
 def gpt126m_table(rec: Path) -> list[str]:
-    lanes = [("node/gm1", Layout(mbs=8, ga=2)), ("node/gtp2", Layout(tp=2, sp=True, mbs=8, ga=2)),
-             ("node/gdp2", Layout(dp=2, mbs=8, ga=1)), ("four/g4", Layout(dp=4, mbs=4, ga=1))]
-    runs = [(lane, lay, run_of(rec, lane)) for lane, lay in lanes]
-    base = next((r for lane, _, r in runs if lane == "node/gm1" and r), None)
+    lanes = [(f"{part}/{lane}", lay) for part in ("node", "final", "four")
+             for lane, lay in (("gm1", Layout(mbs=8, ga=2)), ("gtp2", Layout(tp=2, mbs=8, ga=2)),
+                               ("gdp2", Layout(dp=2, mbs=8, ga=1)), ("g4", Layout(dp=4, mbs=4, ga=1)))]
+    runs = [(lane, lay, run_of(rec, lane)) for lane, lay in lanes if (rec / lane).is_dir()]
+    base = next((r for lane, _, r in runs if lane.endswith("/gm1") and r), None)
     band = curve_band(base["curve"]) if base else None
     out = ["| layout | GPUs | tokens/s | TFLOP/s/GPU (Megatron's) | MFU of 989 | scaling efficiency | peak memory measured / predicted (GiB) | val loss (last) | loss curve vs TP1 DP1 +-3% |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -101,15 +102,15 @@ def gpt126m_table(rec: Path) -> list[str]:
 
 
 def chain_tables(rec: Path) -> list[str]:
-    state = next((load(p) for p in (rec / "train" / "chain").glob("results/*/seed_1/segments.json")), None)
-    kill = load(rec / "train" / "kill.json")
+    state = next((load(p) for p in rec.glob("*/chain/results/*/seed_1/segments.json")), None)
+    kill = next((load(p) for p in rec.glob("*/kill.json")), None)
     out = ["| segment | from step | to step | status | train s | wall s | val loss | error |", "|---|---|---|---|---|---|---|---|"]
     for s in (state or {}).get("segments", []):
         out.append(f"| {s['index']} | {s['from_step']} | {s['to_step']} | {s['status']} | {s.get('train_s')} | "
                    f"{s.get('wall_s')} | {s.get('val_loss')} | {(s.get('error') or '')[:80]} |")
     finals = {}
     for lane in ("chain", "ref1", "ref2"):
-        r = run_of(rec, f"train/{lane}")
+        r = next((run_of(rec, f"{part}/{lane}") for part in ("train", "final") if run_of(rec, f"{part}/{lane}")), None)
         if r and r.get("evals"):
             finals[lane] = r["evals"][-1][1]
     out += ["", f"kill: {kill}", f"final validation loss: {finals}"]
@@ -123,7 +124,7 @@ def chain_tables(rec: Path) -> list[str]:
 def baseline_tables(rec: Path) -> list[str]:
     out = ["| GPUs | workload | layout | MBS | GBS | iteration s (measured) | predicted s | error | TFLOP/s/GPU | MFU | peak mem GiB / predicted | error |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for part, lane in (("node", "bl2"), ("four", "bl4")):
+    for part, lane in (("node", "bl2"), ("final", "bl2"), ("four", "bl4")):
         doc = next((load(p) for p in (rec / part / lane).glob("results/baseline/*/baseline.json")), None)
         for r in (doc or {}).get("runs", []):
             if r.get("workload") == "megatron":
