@@ -176,7 +176,7 @@ try:
     MEGATRON_BASELINE = PREFLIGHT["baseline"]["megatron"]
     baseline_megatron.model_of(Path(workflow.basedir), MEGATRON_BASELINE["benchmark"])
     if SYSTEM.device == "cuda":
-        baseline_megatron.layout_of(MEGATRON_BASELINE, SYSTEM.gpus_per_node)
+        baseline_megatron.check_layouts(MEGATRON_BASELINE, SYSTEM.gpus_per_node)
 except mlrepro_config.ConfigError as error:
     raise config_error(error) from None
 
