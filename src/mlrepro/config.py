@@ -31,9 +31,13 @@ class ConfigError(ValueError):
     """A configuration file is invalid; the message names the file and the key."""
 
 
+# libyaml's parser where PyYAML was built with it: the workflow reads every config file at parse time.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @functools.cache
 def _schema(schema_dir: Path, name: str) -> dict:
-    return yaml.safe_load((schema_dir / f"{name}.schema.yaml").read_text())
+    return yaml.load((schema_dir / f"{name}.schema.yaml").read_text(), Loader=_SAFE_LOADER)
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
@@ -98,7 +102,7 @@ def validate(data: Any, schema_name: str, source: str, root: Path) -> dict:
     return data
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeys:
     """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last)."""
 
     def construct_mapping(self, node, deep=False):
@@ -116,6 +120,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    pass
+
+
+class _FastUniqueKeyLoader(_UniqueKeys, _SAFE_LOADER):
+    pass
+
+
 def load_yaml(path: Path) -> Any:
     """The YAML file at `path`; a syntax error or a repeated key is a ConfigError naming the file."""
     try:
@@ -124,6 +136,11 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return yaml.load(text, Loader=_FastUniqueKeyLoader)
+    except yaml.YAMLError:
+        pass
+    # Read again by the pure-Python parser, whose message quotes the offending line.
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
