@@ -25,7 +25,7 @@ from mlrepro.util import confine, safe_yaml
 
 # The schemas belong to the workflow: a checkout validates its config with its own.
 SCHEMA_SUBDIR = Path("workflow") / "schemas"
-# What a benchmark's run_env values may name: the folders of those stages (see launch.plan_seed).
+# What a benchmark's run_env values may name: the folders of those stages (see kinds.mlperf.plan_seed).
 RUN_ENV_PLACEHOLDERS = ("dataset", "checkpoint", "corpus")
 
 
@@ -33,9 +33,13 @@ class ConfigError(ValueError):
     """A configuration file is invalid; the message names the file and the key."""
 
 
+# libyaml's parser where PyYAML was built with it: the workflow reads every config file at parse time.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @functools.cache
 def _schema(schema_dir: Path, name: str) -> dict:
-    return yaml.safe_load((schema_dir / f"{name}.schema.yaml").read_text())
+    return yaml.load((schema_dir / f"{name}.schema.yaml").read_text(), Loader=_SAFE_LOADER)
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
@@ -191,7 +195,7 @@ class System:
     slurm_poll_seconds: float = 30.0
     submission: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)  # for mlrepro.plan
-    max_job_minutes: float | None = None  # the longest a job may run here (see mlrepro.pretrain.segments)
+    max_job_minutes: float | None = None  # the longest a job may run here (see mlrepro.launch.chain)
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,7 @@ class Benchmark:
     reference: dict | None = None  # reference runs for a benchmark with no published result
     requires: dict = field(default_factory=dict)
     min_free_gb: float = 0
-    segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.pretrain.segments)
+    segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.launch.chain)
     pretrain: dict | None = None  # GPT pretraining: model, tokens, layouts (see mlrepro.pretrain.megatron_plan)
 
     @property
@@ -244,7 +248,7 @@ class Settings:
     corpora: dict[str, dict] = field(default_factory=dict)  # every corpus a rule may build (any benchmark file's)
     default_corpora: tuple[str, ...] = ()  # those `corpora:` and the listed benchmarks name: the default target
     # config.yaml's `pretrain:` key: what the workflow changes in a GPT seed's run (train_iters, gbs, mbs,
-    # attention, megatron, image, walltime_minutes; see mlrepro.pretrain.megatron_seed). Not
+    # attention, megatron, image, walltime_minutes; see mlrepro.kinds.megatron). Not
     # Benchmark.pretrain, the benchmark's own model and layouts.
     pretrain_overrides: dict = field(default_factory=dict)
     # Any other config/benchmarks/<name>.yaml is loaded (and validated) when first asked for:

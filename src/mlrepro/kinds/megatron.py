@@ -101,6 +101,11 @@ def dag_plan(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> jo
     return plan_seed(settings, benchmark, seed, prepared=False)
 
 
+def dag_plans(settings: mlrepro_config.Settings, benchmark: str) -> dict[int, job.SeedPlan]:
+    """dag_plan of every seed the benchmark lists."""
+    return {seed: dag_plan(settings, benchmark, seed) for seed in settings.benchmark(benchmark).seeds}
+
+
 def prepare(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> job.SeedPlan:
     """The seed's plan, with Megatron-LM in place and the launch line written into the seed folder."""
     plan = plan_seed(settings, benchmark, seed)
