@@ -1,0 +1,271 @@
+"""The running verdict: after each finished seed, how likely the finished reproduction is to be judged reproduced.
+
+The final verdict (mlrepro.scoring.verdict) says "reproduced" when the score is valid (at most
+`max_failed` runs failed) and none of three two-sided Mann-Whitney U tests (alpha 0.05) finds a
+difference between your counted runs and the reference's: time to train, time per sample, samples
+to converge. This module asks that same question of reproductions that are not finished yet.
+
+Method (stated in METHOD, shown in status and the report): the seeds still to run are simulated
+`simulations` times, and each completed set of N seeds is put through the same validity rule and
+the same three tests. A missing seed
+- fails to converge with a probability drawn from Beta(0.5 + failed, 0.5 + converged) of the seeds
+  seen (Jeffreys' prior), and otherwise
+- has log(samples to converge) and log(time per sample) = your level + a residual. The level is
+  drawn around the mean of your counted seeds with Student's t spread (pooled standard deviation of
+  your seeds and the reference's runs, (c-1)+(n_ref-1) degrees of freedom, scale 1/sqrt(c)), so a
+  level measured on three seeds is held loosely; the residual is one of the seen seeds' or the
+  reference runs' own deviations from their mean, resampled as a pair (samples and speed of one run).
+Time to train = samples x time per sample. Where runs log no samples, time to train alone is modelled.
+
+A stop is then justified only by what the tests themselves would say: the probability that the
+reproduction ends "not reproduced" is at least the configured confidence, split over the looks
+(one after each seed from min_seeds on: 1 - (1 - confidence) / looks each, Bonferroni). How often that stops a
+reproduction that would have been judged reproduced is measured by benchmarks/false_stop.py
+(resampling shipped and published reference runs as if they were yours) and bounded in a test.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from mlrepro.scoring.verdict import ALPHA
+
+METHOD = ("the seeds still to run are simulated {simulations} times from what has been seen (failure rate: "
+          "Beta(0.5 + failed, 0.5 + converged); level of log samples-to-converge and log time-per-sample: your "
+          "seeds' mean with Student-t uncertainty; run-to-run residuals resampled from your seeds and the "
+          "reference's runs), and each completed set of {required} seeds is judged by the final verdict's rule: "
+          "valid (at most {max_failed} failed) and no difference in the three two-sided Mann-Whitney U tests "
+          "(time to train, time per sample, samples to converge; alpha " + f"{ALPHA})")
+SIMULATIONS = 4000
+# A quick look first: a stop needs P(not reproduced) >= confidence, which a few hundred
+# simulations already rule out for most checkpoints (measured by benchmarks/false_stop.py).
+SCREEN_SIMULATIONS = 300
+SCREEN_MARGIN = 0.05
+# The simulation's own seed: status and the report show the same figure for the same seeds.
+RNG_SEED = 20261126
+
+
+class PolicyError(ValueError):
+    """The early_stop block of a benchmark or system file is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """Stop a reproduction once it will be "not reproduced" with probability >= confidence."""
+
+    confidence: float = 0.99
+    min_seeds: int = 3
+
+    def threshold(self, required: int) -> float:
+        """P(not reproduced) a single look needs: the false-stop budget 1 - confidence is split
+        evenly over the looks the policy may take (seeds min_seeds .. required-1; Bonferroni),
+        so that looking after every seed does not add up to more than the budget."""
+        looks = max(required - self.min_seeds, 1)
+        return 1 - (1 - self.confidence) / looks
+
+
+def early_stop_policy(raw: Any, source: str) -> EarlyStop | None:
+    """The `early_stop:` block of `source` (a benchmark or system file); None when absent or off.
+
+    Accepted: null/false (off), true (defaults), or {confidence: 0.5..0.9999, min_seeds: >= 2}.
+    """
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return EarlyStop()
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{source}: early_stop: must be a mapping such as {{confidence: 0.99, min_seeds: 3}}, "
+                          f"true or false (got {raw!r})")
+    unknown = sorted(set(raw) - {"confidence", "min_seeds", "enabled"})
+    if unknown:
+        raise PolicyError(f"{source}: early_stop: unknown key {', '.join(map(repr, unknown))} "
+                          "(allowed: confidence, min_seeds, enabled)")
+    if raw.get("enabled") is False:
+        return None
+    confidence = raw.get("confidence", EarlyStop.confidence)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 <= confidence < 1:
+        raise PolicyError(f"{source}: early_stop.confidence: {confidence!r} is not a probability in [0.5, 1)")
+    min_seeds = raw.get("min_seeds", EarlyStop.min_seeds)
+    if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 2:
+        raise PolicyError(f"{source}: early_stop.min_seeds: {min_seeds!r} is not a whole number of at least 2")
+    return EarlyStop(confidence=float(confidence), min_seeds=min_seeds)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished seed as the verdict sees it: counted (converged, valid) or failed."""
+
+    counted: bool
+    minutes: float | None = None
+    samples: float | None = None
+
+
+def runs_of(score_runs: Sequence[dict]) -> list[Run]:
+    """Runs from run.json records (mlrepro.scoring.score.score_run); duplicates are not seeds."""
+    out = []
+    for r in score_runs:
+        if r.get("duplicate"):
+            continue
+        counted = bool(r.get("counted")) and r.get("minutes") is not None
+        out.append(Run(counted, r.get("minutes") if counted else None,
+                       r.get("samples_to_converge") if counted else None))
+    return out
+
+
+def _columns(runs: Sequence[Run], with_samples: bool) -> np.ndarray:
+    """log(samples), log(minutes per 1000 samples) per counted run; or log(minutes) alone."""
+    counted = [r for r in runs if r.counted]
+    if with_samples:
+        return np.array([[math.log(r.samples), math.log(r.minutes / r.samples * 1000)] for r in counted]).reshape(-1, 2)
+    return np.array([[math.log(r.minutes)] for r in counted]).reshape(-1, 1)
+
+
+def _tests(yours: np.ndarray, theirs: np.ndarray, with_samples: bool) -> np.ndarray:
+    """For each row of `yours` (simulations x runs x columns, log scale): does any test find a difference?"""
+    from scipy.stats import mannwhitneyu
+
+    def different(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if a.shape[1] < 2 or b.shape[0] < 2:
+            return np.zeros(a.shape[0], bool)  # too few runs to test, as verdict.mann_whitney says
+        p = mannwhitneyu(a, b, axis=1, alternative="two-sided").pvalue
+        return np.nan_to_num(p, nan=1.0) < ALPHA
+
+    if not with_samples:
+        return different(np.exp(yours[..., 0]), np.exp(theirs[:, 0]))
+    # The verdict tests the plain values; Mann-Whitney depends on ranks only, and exp keeps them, but
+    # time to train is a sum of logs: computed on the plain scale as the verdict computes it.
+    minutes = np.exp(yours[..., 0] + yours[..., 1]) / 1000
+    ref_minutes = np.exp(theirs[:, 0] + theirs[:, 1]) / 1000
+    return (different(minutes, ref_minutes) | different(yours[..., 1], theirs[:, 1])
+            | different(yours[..., 0], theirs[:, 0]))
+
+
+def _draw_new(seen: np.ndarray, ref: np.ndarray, rows: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    """`rows` x `count` simulated counted seeds (log-scale columns)."""
+    c, n = len(seen), len(ref)
+    ref_mean = ref.mean(axis=0)
+    residuals = ref - ref_mean
+    if c:
+        residuals = np.vstack([seen - seen.mean(axis=0), residuals])
+    dof = max(c - 1, 0) + n - 1
+    sd = np.sqrt((residuals ** 2).sum(axis=0) / max(dof, 1))
+    # Without a counted seed of yours, your level is anyone's guess around the reference's.
+    centre, scale = (seen.mean(axis=0), sd / math.sqrt(c)) if c else (ref_mean, sd)
+    level = centre + scale * rng.standard_t(max(dof, 1), size=(rows, 1, ref.shape[1]))
+    picks = rng.integers(0, len(residuals), size=(rows, count))
+    return level + residuals[picks]
+
+
+def probability_reproduced(seen: Sequence[Run], reference: Sequence[Run], required: int, max_failed: int,
+                           simulations: int = SIMULATIONS, rng_seed: int = RNG_SEED) -> float | None:
+    """P(the finished reproduction of `required` seeds is judged reproduced), given `seen` seeds.
+
+    None when there is nothing to compare with (no counted reference runs); 0.0 once more than
+    `max_failed` seeds failed (the score cannot be valid any more).
+    """
+    ref_counted = [r for r in reference if r.counted]
+    failed = sum(not r.counted for r in seen)
+    if failed > max_failed:
+        return 0.0
+    if len(ref_counted) < 2:
+        return None
+    with_samples = all(r.samples for r in [*ref_counted, *(r for r in seen if r.counted)])
+    ref = _columns(ref_counted, with_samples)
+    mine = _columns(seen, with_samples)
+    missing = max(required - len(seen), 0)
+    if missing == 0:
+        return 0.0 if bool(_tests(mine[None], ref, with_samples)[0]) else 1.0
+    rng = np.random.default_rng(rng_seed)
+    k = len(seen)
+    p_fail = rng.beta(0.5 + failed, 0.5 + k - failed, size=simulations)
+    total_failed = failed + rng.binomial(missing, p_fail)
+    reproduced = np.zeros(simulations, bool)
+    for f in range(failed, max_failed + 1):
+        rows = np.flatnonzero(total_failed == f)
+        if not len(rows):
+            continue
+        new = _draw_new(mine, ref, len(rows), missing - (f - failed), rng)
+        yours = np.concatenate([np.broadcast_to(mine, (len(rows), *mine.shape)), new], axis=1)
+        reproduced[rows] = ~_tests(yours, ref, with_samples)
+    return float(reproduced.mean())
+
+
+def outlook(seen: Sequence[Run], reference: Sequence[Run] | None, required: int, max_failed: int,
+            simulations: int = SIMULATIONS) -> dict:
+    """The running verdict as status, score.json and the report show it."""
+    p = probability_reproduced(seen, reference or [], required, max_failed, simulations)
+    failed = sum(not r.counted for r in seen)
+    out = {"seeds_finished": len(seen), "seeds_required": required, "seeds_failed": failed,
+           "p_reproduced": p, "p_not_reproduced": None if p is None else 1 - p, "simulations": simulations,
+           "method": METHOD.format(simulations=simulations, required=required, max_failed=max_failed)}
+    if failed > max_failed:
+        out["why"] = f"{failed} seeds failed; at most {max_failed} may: the score cannot be valid"
+    elif p is None:
+        out["why"] = "no reference runs to compare with: only the seeds' own spread is reported"
+    return out
+
+
+def should_stop(seen: Sequence[Run], reference: Sequence[Run] | None, required: int, max_failed: int,
+                policy: EarlyStop | None, simulations: int = SIMULATIONS) -> dict:
+    """{"stop": bool, "p_not_reproduced": float | None, "why": str}: whether to stop submitting now.
+
+    Only a settled "not reproduced" stops: a reproduction on its way to "reproduced" needs all its
+    seeds to be a complete result. Never before `min_seeds` seeds have finished, never after the last.
+    """
+    k = len(seen)
+    if policy is None:
+        return {"stop": False, "p_not_reproduced": None, "why": "early stop is off"}
+    if k < policy.min_seeds or k >= required:
+        return {"stop": False, "p_not_reproduced": None,
+                "why": f"{k} of {required} seeds finished (early stop looks from seed {policy.min_seeds} on)"}
+    quick = probability_reproduced(seen, reference or [], required, max_failed, SCREEN_SIMULATIONS)
+    if quick is None:
+        return {"stop": False, "p_not_reproduced": None, "why": "no reference runs to compare with"}
+    p_not = 1 - quick
+    needed = policy.threshold(required)
+    if p_not < needed - SCREEN_MARGIN:
+        return {"stop": False, "p_not_reproduced": p_not, "why": f"not settled (P(not reproduced) ~ {p_not:.2f})"}
+    p_not = 1 - probability_reproduced(seen, reference or [], required, max_failed, simulations)
+    stop = p_not >= needed
+    return {"stop": stop, "p_not_reproduced": p_not, "threshold": needed,
+            "why": (f"not reproduced with probability {p_not:.4f} >= {needed:.4f} (confidence {policy.confidence} "
+                    f"over {max(required - policy.min_seeds, 1)} looks)" if stop
+                    else f"not settled (P(not reproduced) = {p_not:.4f} < {needed:.4f})")}
+
+
+def stop_message(finished: int, required: int, p_not: float, saved: float | None, unit: str) -> str:
+    """The line score.json and the report carry for a stopped reproduction."""
+    p_shown = math.floor(p_not * 1000) / 1000  # never rounded up past what was measured
+    saving = f", saving {saved:.3g} {unit}" if saved is not None else ""
+    return (f"stopped after {finished} of {required} seeds: not reproduced with probability >= {p_shown:.3f}"
+            f"{saving}; not a complete MLPerf result")
+
+
+def simulate_policy(pool: Sequence[Run], required: int, max_failed: int, policy: EarlyStop, reproductions: int,
+                    slowdown: float = 1.0, rng_seed: int = 0, simulations: int = SIMULATIONS) -> dict:
+    """The policy applied to `reproductions` reproductions drawn from `pool` (reference runs "as if they
+    were yours", with replacement; their time per sample multiplied by `slowdown`), judged against `pool`.
+
+    Returns counts: final_reproduced (judged reproduced with all seeds), false_stops (stopped, yet
+    judged reproduced with all seeds), stops, seeds_at_stop (sum, for the mean), false_stop_rate.
+    """
+    rng = np.random.default_rng(rng_seed)
+    counted = [r for r in pool if r.counted]
+    out = {"reproductions": reproductions, "final_reproduced": 0, "false_stops": 0, "stops": 0, "seeds_at_stop": 0}
+    for _ in range(reproductions):
+        yours = [pool[i] for i in rng.integers(0, len(pool), required)]
+        yours = [Run(True, r.minutes * slowdown, r.samples) if r.counted else r for r in yours]
+        final = probability_reproduced(yours, counted, required, max_failed) == 1.0
+        out["final_reproduced"] += final
+        for k in range(policy.min_seeds, required):
+            if should_stop(yours[:k], counted, required, max_failed, policy, simulations)["stop"]:
+                out["stops"] += 1
+                out["seeds_at_stop"] += k
+                out["false_stops"] += final
+                break
+    out["false_stop_rate"] = out["false_stops"] / out["final_reproduced"] if out["final_reproduced"] else None
+    return out
