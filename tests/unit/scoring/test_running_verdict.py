@@ -89,9 +89,10 @@ def test_should_stop_respects_min_seeds_and_the_last_seed(mini_lora_pool):
 
 
 def test_stop_message_never_rounds_the_probability_up():
-    line = rv.stop_message(3, 10, 0.99999, 0.0123, "CPU-hours")
+    line = rv.stop_message(3, 10, 0.99989, 0.0123, "CPU-hours")
     assert line.startswith("stopped after 3 of 10 seeds: not reproduced with probability >= 0.999")
     assert "saving 0.0123 CPU-hours" in line and "not a complete MLPerf result" in line
+    assert ">= 0.999," in rv.stop_message(3, 10, 1.0, None, "GPU-hours")  # all simulations: not 1.000
 
 
 def test_false_stop_rate_on_the_shipped_reference_stays_within_the_budget(mini_lora_pool):
