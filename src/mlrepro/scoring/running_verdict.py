@@ -116,32 +116,60 @@ def runs_of(score_runs: Sequence[dict]) -> list[Run]:
     return out
 
 
-def _columns(runs: Sequence[Run], with_samples: bool) -> np.ndarray:
-    """log(samples), log(minutes per 1000 samples) per counted run; or log(minutes) alone."""
+def _plain(runs: Sequence[Run], with_samples: bool) -> np.ndarray:
+    """Per counted run the values the verdict tests, computed as it computes them:
+    [minutes, minutes per 1000 samples, samples], or [minutes] where runs log no samples."""
     counted = [r for r in runs if r.counted]
     if with_samples:
-        return np.array([[math.log(r.samples), math.log(r.minutes / r.samples * 1000)] for r in counted]).reshape(-1, 2)
-    return np.array([[math.log(r.minutes)] for r in counted]).reshape(-1, 1)
+        return np.array([[r.minutes, r.minutes / r.samples * 1000, r.samples] for r in counted]).reshape(-1, 3)
+    return np.array([[r.minutes] for r in counted]).reshape(-1, 1)
 
 
-def _tests(yours: np.ndarray, theirs: np.ndarray, with_samples: bool) -> np.ndarray:
-    """For each row of `yours` (simulations x runs x columns, log scale): does any test find a difference?"""
-    from scipy.stats import mannwhitneyu
+def _modelled(plain: np.ndarray) -> np.ndarray:
+    """The log-scale columns the simulation draws: log samples and log time per sample (or log minutes)."""
+    return np.log(plain[:, [2, 1]]) if plain.shape[1] == 3 else np.log(plain)
 
-    def different(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        if a.shape[1] < 2 or b.shape[0] < 2:
-            return np.zeros(a.shape[0], bool)  # too few runs to test, as verdict.mann_whitney says
+
+def _to_plain(logs: np.ndarray) -> np.ndarray:
+    if logs.shape[-1] == 1:
+        return np.exp(logs)
+    samples, speed = np.exp(logs[..., 0]), np.exp(logs[..., 1])
+    return np.stack([samples * speed / 1000, speed, samples], axis=-1)
+
+
+def _different(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row of `a` (rows x n1): does the verdict's two-sided Mann-Whitney U test (alpha 0.05) tell
+    it from `b` (n2)? Above 8 a side scipy's "auto" is its normal approximation with tie and continuity
+    corrections, computed here for all rows at once (scipy's own per-call overhead dominated the
+    simulation); smaller samples go to scipy itself."""
+    n1, n2 = a.shape[1], b.shape[0]
+    if n1 < 2 or n2 < 2:
+        return np.zeros(a.shape[0], bool)  # too few runs to test, as verdict.mann_whitney says
+    if n1 <= 8 or n2 <= 8:
+        from scipy.stats import mannwhitneyu
+
         p = mannwhitneyu(a, b, axis=1, alternative="two-sided").pvalue
         return np.nan_to_num(p, nan=1.0) < ALPHA
+    from scipy.special import ndtr
 
-    if not with_samples:
-        return different(np.exp(yours[..., 0]), np.exp(theirs[:, 0]))
-    # The verdict tests the plain values; Mann-Whitney depends on ranks only, and exp keeps them, but
-    # time to train is a sum of logs: computed on the plain scale as the verdict computes it.
-    minutes = np.exp(yours[..., 0] + yours[..., 1]) / 1000
-    ref_minutes = np.exp(theirs[:, 0] + theirs[:, 1]) / 1000
-    return (different(minutes, ref_minutes) | different(yours[..., 1], theirs[:, 1])
-            | different(yours[..., 0], theirs[:, 0]))
+    u1 = (a[:, :, None] > b[None, None, :]).sum(axis=(1, 2)) + 0.5 * (a[:, :, None] == b[None, None, :]).sum(axis=(1, 2))
+    u = np.maximum(u1, n1 * n2 - u1)
+    both = np.concatenate([a, np.broadcast_to(b, (a.shape[0], n2))], axis=1)
+    equal = (both[:, :, None] == both[:, None, :]).sum(axis=2)  # each value's tie group size t
+    tie_term = (equal ** 2 - 1).sum(axis=1)  # sum over groups of t^3 - t
+    n = n1 + n2
+    sd = np.sqrt(n1 * n2 / 12 * ((n + 1) - tie_term / (n * (n - 1))))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.clip(2 * ndtr(-(u - n1 * n2 / 2 - 0.5) / sd), 0, 1)
+    return np.nan_to_num(p, nan=1.0) < ALPHA
+
+
+def _tests(yours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    """For each row of `yours` (simulations x runs x columns, plain values): does any test find a difference?"""
+    out = np.zeros(yours.shape[0], bool)
+    for col in range(yours.shape[-1]):
+        out |= _different(yours[..., col], theirs[:, col])
+    return out
 
 
 def _draw_new(seen: np.ndarray, ref: np.ndarray, rows: int, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -174,11 +202,11 @@ def probability_reproduced(seen: Sequence[Run], reference: Sequence[Run], requir
     if len(ref_counted) < 2:
         return None
     with_samples = all(r.samples for r in [*ref_counted, *(r for r in seen if r.counted)])
-    ref = _columns(ref_counted, with_samples)
-    mine = _columns(seen, with_samples)
+    ref = _plain(ref_counted, with_samples)
+    mine = _plain(seen, with_samples)
     missing = max(required - len(seen), 0)
     if missing == 0:
-        return 0.0 if bool(_tests(mine[None], ref, with_samples)[0]) else 1.0
+        return 0.0 if bool(_tests(mine[None], ref)[0]) else 1.0
     rng = np.random.default_rng(rng_seed)
     k = len(seen)
     p_fail = rng.beta(0.5 + failed, 0.5 + k - failed, size=simulations)
@@ -188,9 +216,9 @@ def probability_reproduced(seen: Sequence[Run], reference: Sequence[Run], requir
         rows = np.flatnonzero(total_failed == f)
         if not len(rows):
             continue
-        new = _draw_new(mine, ref, len(rows), missing - (f - failed), rng)
+        new = _to_plain(_draw_new(_modelled(mine), _modelled(ref), len(rows), missing - (f - failed), rng))
         yours = np.concatenate([np.broadcast_to(mine, (len(rows), *mine.shape)), new], axis=1)
-        reproduced[rows] = ~_tests(yours, ref, with_samples)
+        reproduced[rows] = ~_tests(yours, ref)
     return float(reproduced.mean())
 
 
