@@ -124,10 +124,9 @@ def main() -> int:
     print(head)
     print("|" + " --- |" * (8 + len(slowdowns)))
     all_rep = all_false = 0
+    never = [name for name, pool in pools.items() if pool["required"] <= policy.min_seeds]
     for name, pool in pools.items():
-        if pool["required"] <= policy.min_seeds:
-            print(f"| {name} | {len(pool['runs'])} | {pool['required']} | - | - | - | never stops: min_seeds "
-                  f"{policy.min_seeds} >= N | - |" + " - |" * len(slowdowns))
+        if name in never:
             continue
         base = totals[(name, 1.0)]
         all_rep += base["final_reproduced"]
@@ -141,6 +140,9 @@ def main() -> int:
         print(f"| {name} | {len(pool['runs'])} | {pool['required']} | {base['reproductions']} | "
               f"{base['final_reproduced']} | {base['false_stops']} | {rate:.4f} | "
               f"{upper_bound(base['false_stops'], base['final_reproduced']):.4f} |" + "".join(cells))
+    if never:
+        print(f"\n{len(never)} pools need N <= min_seeds ({policy.min_seeds}) seeds and are never stopped early: "
+              + ", ".join(never))
     if all_rep:
         print(f"\nall pools: {all_false} false stops in {all_rep} reproductions judged reproduced: rate "
               f"{all_false / all_rep:.4f}, 95% upper bound {upper_bound(all_false, all_rep):.4f} "
