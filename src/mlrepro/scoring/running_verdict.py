@@ -133,7 +133,9 @@ def _modelled(plain: np.ndarray) -> np.ndarray:
 def _to_plain(logs: np.ndarray) -> np.ndarray:
     if logs.shape[-1] == 1:
         return np.exp(logs)
-    samples, speed = np.exp(logs[..., 0]), np.exp(logs[..., 1])
+    # Samples are counts: whole numbers, so that a simulated seed ties with logged ones as logged
+    # runs tie with each other (exp(log(3072)) is not 3072 in floating point).
+    samples, speed = np.rint(np.exp(logs[..., 0])), np.exp(logs[..., 1])
     return np.stack([samples * speed / 1000, speed, samples], axis=-1)
 
 
