@@ -38,16 +38,17 @@ PUBLISHED = Path("/work/data/v5.0")
 def score_pools(include_all: bool) -> dict:
     """{pool name: {"required", "max_failed", "runs": [[counted, minutes, samples], ...]}}."""
     from mlrepro import config
+    from mlrepro.scoring import rules as scoring_rules
     from mlrepro.scoring import score
 
     pools = {}
     for name in ("mini_lora", "mini_gpt"):
         bench = config.load_benchmark(ROOT, name)
-        rules = bench.scoring_rules()
+        rules = scoring_rules.for_benchmark(bench)
         logs = sorted(bench.reference["runs"].glob("result_*.txt"))
         pools[f"{name} (shipped reference)"] = _pool(logs, rules, score)
     for bench_name in ("llama2_70b_lora", "llama31_405b"):
-        rules = score.rules_for(bench_name)
+        rules = scoring_rules.rules_for(bench_name)
         pattern = f"*/results/*/{bench_name}" if include_all else f"NVIDIA/results/*/{bench_name}"
         for folder in sorted(PUBLISHED.glob(pattern)):
             logs = sorted(folder.glob("result_*.txt"))

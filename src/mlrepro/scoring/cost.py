@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 
 from mlrepro import paths
 
-ATTEMPT_RECORD = "attempt.json"
+ATTEMPT_RECORD = "attempt.json"  # paths.attempt_record
 COMPLETED = "COMPLETED"
 RUNNING = "RUNNING"
 _ATTEMPT_DIR = re.compile(r"^attempt_(\d+)$")
@@ -126,7 +126,7 @@ def seed_attempts(seed_folder: Path, gpus_per_node: int, now: dt.datetime | None
         if not m or not child.is_dir():
             continue
         number = int(m.group(1))
-        record = paths.read_json_if_exists(child / ATTEMPT_RECORD)
+        record = paths.read_json_if_exists(paths.attempt_record(child))
         if record is not None:
             record = dict(record)
             if record.get("state") == RUNNING and not record.get("end") and (s := _parse_time(record.get("start"))):

@@ -26,12 +26,8 @@ from mlrepro.scoring import cost
 from mlrepro.scoring import running_verdict as rv
 from mlrepro.util.fsutil import atomic_write_json
 
-DECISION = "early_stop.json"
-STOPPED = "stopped.json"
-
-
 def decision_file(root: Path, benchmark: str) -> Path:
-    return paths.benchmark_dir(root, benchmark) / DECISION
+    return paths.early_stop_file(root, benchmark)
 
 
 def read_decision(root: Path, benchmark: str) -> dict | None:
@@ -47,7 +43,7 @@ def policy_of(bench: Any, system: Any) -> rv.EarlyStop | None:
 
 
 def is_stopped(seed_folder: Path) -> bool:
-    return (Path(seed_folder) / STOPPED).is_file()
+    return paths.stopped_file(Path(seed_folder)).is_file()
 
 
 def finished_runs(root: Path, benchmark: str, rules) -> dict[int, dict]:
@@ -118,7 +114,7 @@ def mark_stopped(seed_folder: Path, mllog_out: Path, decision: dict, *, cancelle
     from mlrepro.util.fsutil import atomic_write_text
 
     Path(seed_folder).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(seed_folder) / STOPPED, {"cancelled": cancelled, "decision": decision.get("message"),
+    atomic_write_json(paths.stopped_file(Path(seed_folder)), {"cancelled": cancelled, "decision": decision.get("message"),
                                                     "time": dt.datetime.now(dt.timezone.utc).isoformat(
                                                         timespec="seconds")})
     atomic_write_text(mllog_out, "")

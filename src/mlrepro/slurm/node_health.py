@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from mlrepro import paths
 from mlrepro.util.fsutil import atomic_write_json
 
 FILE_NAME = "bad_nodes.json"
@@ -37,8 +38,8 @@ GPU_ERROR = re.compile(r"\bXid\b|uncorrectable ECC|GPU has fallen off the bus|"
 
 
 def bad_nodes_file(root: Path, system: str) -> Path:
-    """results/nodes/<system>/bad_nodes.json: the system's bad nodes (mlrepro.paths owns this name in the spine)."""
-    return Path(root) / "results" / "nodes" / system / FILE_NAME
+    """results/nodes/<system>/bad_nodes.json: the system's bad nodes."""
+    return paths.bad_nodes_file(root, system)
 
 
 def node_side(state: str | None, log_text: str = "") -> str | None:

@@ -10,6 +10,7 @@ import pytest
 
 from mlrepro import config
 from mlrepro.scoring import cost, early_stop
+from mlrepro.scoring import rules as scoring_rules
 
 ROOT = Path(__file__).resolve().parents[3]
 REFERENCE = ROOT / "implementations" / "mini_lora" / "reference"
@@ -53,7 +54,7 @@ def bench():
 
 def test_a_slow_machine_is_stopped_after_three_seeds_and_the_decision_is_kept(tmp_path, bench):
     _seeds(tmp_path, 3.0, 3)
-    rules = bench.scoring_rules()
+    rules = scoring_rules.for_benchmark(bench)
     system = _System(early_stop={"confidence": 0.99, "min_seeds": 3})
     decision = early_stop.evaluate(tmp_path, bench, system, rules, gpus_per_node=2, device="cpu")
     assert decision is not None and decision["stopped_after"] == 3 and decision["required"] == 10
@@ -69,7 +70,7 @@ def test_a_slow_machine_is_stopped_after_three_seeds_and_the_decision_is_kept(tm
 
 def test_a_healthy_machine_or_no_policy_goes_on(tmp_path, bench):
     _seeds(tmp_path, 1.0, 4)
-    rules = bench.scoring_rules()
+    rules = scoring_rules.for_benchmark(bench)
     assert early_stop.evaluate(tmp_path, bench, _System(early_stop=True), rules, 2, "cpu") is None
     assert early_stop.evaluate(tmp_path, bench, _System(early_stop=None), rules, 2, "cpu") is None
     assert early_stop.read_decision(tmp_path, "mini_lora") is None
@@ -82,7 +83,7 @@ def test_a_stopped_seed_is_marked_and_not_counted_as_finished(tmp_path, bench):
     folder = tmp_path / "results" / "mini_lora" / "seed_4"
     early_stop.mark_stopped(folder, folder / "mllog.txt", {"message": "stopped after 3 of 10 seeds"}, cancelled=False)
     assert early_stop.is_stopped(folder) and (folder / "mllog.txt").read_text() == ""
-    assert sorted(early_stop.finished_runs(tmp_path, "mini_lora", bench.scoring_rules())) == [1, 2, 3]
+    assert sorted(early_stop.finished_runs(tmp_path, "mini_lora", scoring_rules.for_benchmark(bench))) == [1, 2, 3]
 
 
 def test_the_benchmark_policy_wins_over_the_systems_and_bad_values_name_the_file(bench):

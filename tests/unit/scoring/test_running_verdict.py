@@ -8,6 +8,7 @@ import pytest
 
 from mlrepro import config
 from mlrepro.scoring import running_verdict as rv
+from mlrepro.scoring import rules as scoring_rules
 from mlrepro.scoring import score, verdict
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def mini_lora_pool() -> list[rv.Run]:
     bench = config.load_benchmark(ROOT, "mini_lora")
-    rules = bench.scoring_rules()
+    rules = scoring_rules.for_benchmark(bench)
     logs = sorted(bench.reference["runs"].glob("result_*.txt"))
     return rv.runs_of([score.score_run(p, rules, run_compliance=False) for p in logs])
 
