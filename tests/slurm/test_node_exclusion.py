@@ -9,6 +9,7 @@ on node2; short runs (MAX_STEPS) keep it to a minute or two of cluster time.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from mlrepro.scoring import cost
 from mlrepro.slurm import client as slurm
 from mlrepro.slurm import node_health
 from workspace import make_workspace, run_snakemake
@@ -65,16 +67,22 @@ def test_the_failing_node_is_recorded_once_and_no_later_seed_runs_on_it(excluded
     bad = record["node2"]
     assert "quick preflight" in bad["why"] or "MLREPRO_PREFLIGHT_FAIL_NODES" in bad["why"]
     attempts = _jobs(ws)
-    on_node2 = [(s, a) for s, a in attempts if "node2" in a["node_names"]]
-    assert len(on_node2) == 1 and on_node2[0][1]["state"] != "COMPLETED"  # the one that found it
-    # sacct: every job submitted after the record ran elsewhere.
-    found_at = on_node2[0][1]["end"]
-    later = [a for _, a in attempts if a["job_id"] != on_node2[0][1]["job_id"] and (a["start"] or "") >= found_at]
+    on_node2 = [a for _, a in attempts if "node2" in a["node_names"]]
+    assert on_node2 and all(a["state"] != "COMPLETED" for a in on_node2), attempts
+    # sacct: every job submitted after the node was recorded ran elsewhere (a seed queued before
+    # may still meet node2; its preflight fails it there too, and its retry excludes the node).
+    since = dt.datetime.fromisoformat(bad["since"])
+    later = []
+    for _, a in attempts:
+        info = slurm.accounting(a["job_id"])
+        if dt.datetime.fromisoformat(info.submit).astimezone() > since:
+            later.append(a)
+            assert "node2" not in info.nodes, (a, info)
+        assert info.elapsed_seconds == a["elapsed_s"], (a, info)  # each attempt's elapsed is sacct's own
     assert later, attempts
-    for a in later:
-        info = slurm.job_info(a["job_id"])
-        assert "node2" not in info.nodes, (a, info)
-        assert info.elapsed_seconds == a["elapsed_s"]  # the spent figure is sacct's own
+    # The spent figure adds up the attempts' own elapsed times: nodes x ranks x sacct's elapsed.
+    spent = cost.benchmark_cost(ws / "results" / "mini_lora", gpus_per_node=2)["gpu_hours"]
+    assert spent == pytest.approx(sum(a["nodes"] * 2 * a["elapsed_s"] for _, a in attempts) / 3600)
 
 
 def test_status_names_the_excluded_node_and_the_clear_command_clears_it(excluded_run):
@@ -82,7 +90,7 @@ def test_status_names_the_excluded_node_and_the_clear_command_clears_it(excluded
     out = subprocess.run([sys.executable, "-m", "mlrepro", "status", str(ws / "results" / "mini_lora")],
                          capture_output=True, text=True, cwd=ws, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "excluded nodes: node2" in out.stdout and "quick preflight" in out.stdout
+    assert "excluded nodes (local-slurm-pernode): node2" in out.stdout and "quick preflight" in out.stdout
     assert "spent" in out.stdout
     clear = subprocess.run([sys.executable, "-m", "mlrepro", "nodes", "clear", "node2", "--system",
                             "local-slurm-pernode"], capture_output=True, text=True, cwd=ws, timeout=60)

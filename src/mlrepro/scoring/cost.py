@@ -35,6 +35,8 @@ from mlrepro import paths
 ATTEMPT_RECORD = "attempt.json"  # paths.attempt_record
 COMPLETED = "COMPLETED"
 RUNNING = "RUNNING"
+# Not ended: neither spent in full nor failed (a pending Slurm job costs nothing yet).
+LIVE = {RUNNING, "PENDING"}
 _ATTEMPT_DIR = re.compile(r"^attempt_(\d+)$")
 
 
@@ -58,16 +60,17 @@ def _iso(t: dt.datetime) -> str:
 
 
 def attempt_record(attempt: int, scheduler: str, *, nodes: int, gpus_per_node: int, start: str | None,
-                   end: str | None, elapsed_s: float | None, state: str, job_id: str | None = None,
+                   end: str | None = None, elapsed_s: float | None = None, state: str = RUNNING,
+                   job_id: str | None = None,
                    node_names: Sequence[str] = (), energy_j: float | None = None, source: str = "local clock",
-                   reason: str | None = None) -> dict:
+                   reason: str | None = None, device: str | None = None) -> dict:
     """attempt.json's content (the backend writes it; see the module's docstring)."""
     if elapsed_s is None and start and end:
         s, e = _parse_time(start), _parse_time(end)
         elapsed_s = max((e - s).total_seconds(), 0.0) if s and e else None
     return {"attempt": attempt, "scheduler": scheduler, "job_id": job_id, "nodes": int(nodes),
             "node_names": list(node_names), "gpus_per_node": int(gpus_per_node), "start": start, "end": end,
-            "elapsed_s": elapsed_s, "state": state, "energy_j": energy_j, "source": source,
+            "elapsed_s": elapsed_s, "state": state, "energy_j": energy_j, "source": source, "device": device,
             **({"reason": reason} if reason else {})}
 
 
@@ -143,10 +146,10 @@ def seed_attempts(seed_folder: Path, gpus_per_node: int, now: dt.datetime | None
 def seed_cost(attempts: Sequence[dict]) -> dict:
     """One seed's GPU-hours: in all, on attempts that did not complete, and energy where all report it."""
     spent = sum(a["gpu_hours"] for a in attempts)
-    failed = sum(a["gpu_hours"] for a in attempts if a.get("state") not in (COMPLETED, RUNNING))
+    failed = sum(a["gpu_hours"] for a in attempts if a.get("state") not in (COMPLETED, *LIVE))
     energy = [a.get("energy_j") for a in attempts]
     return {"gpu_hours": spent, "failed_gpu_hours": failed, "attempts": len(attempts),
-            "failed_attempts": sum(a.get("state") not in (COMPLETED, RUNNING) for a in attempts),
+            "failed_attempts": sum(a.get("state") not in (COMPLETED, *LIVE) for a in attempts),
             "elapsed_s": sum(a.get("elapsed_s") or 0 for a in attempts),
             "energy_kwh": sum(energy) / 3.6e6 if energy and all(e is not None for e in energy) else None,
             "estimated": any(a.get("estimated") for a in attempts)}
@@ -191,6 +194,12 @@ def saved_by_stopping(spent_per_finished_seed: Sequence[float], seeds_not_run: i
     if not spent_per_finished_seed:
         return None
     return statistics.fmean(spent_per_finished_seed) * seeds_not_run
+
+
+def unit_of(attempts_by_seed) -> str:
+    """The unit of recorded attempts (each says its system's device), GPU-hours when none says."""
+    devices = {a.get("device") for attempts in attempts_by_seed for a in attempts if a.get("device")}
+    return unit("cpu") if devices == {"cpu"} else unit("cuda")
 
 
 def hours(value: float | None, unit_name: str = "GPU-hours") -> str:

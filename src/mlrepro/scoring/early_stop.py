@@ -118,3 +118,55 @@ def mark_stopped(seed_folder: Path, mllog_out: Path, decision: dict, *, cancelle
                                                     "time": dt.datetime.now(dt.timezone.utc).isoformat(
                                                         timespec="seconds")})
     atomic_write_text(mllog_out, "")
+
+
+def reference_curves(root: Path, bench: Any, rules) -> list:
+    """The reference runs' evaluation curves ([[samples, value], ...] each), the band's input."""
+    from mlrepro.scoring import eval_band
+
+    ref = paths.read_json_if_exists(paths.benchmark_dir(root, bench.name) / "reference.json")
+    if ref is not None:
+        return eval_band.reference_curves(((ref.get("score") or {}).get("runs")) or [])
+    if getattr(bench, "reference", None):
+        from mlrepro.scoring import score
+
+        logs = sorted(Path(bench.reference["runs"]).glob("result_*.txt"))
+        return eval_band.reference_curves([score.score_run(p, rules, run_compliance=False) for p in logs])
+    return []
+
+
+def live_log(seed_folder: Path) -> Path | None:
+    """The log the seed's newest attempt is writing: run.log locally, run.sub's <stamp>_1.log on Slurm."""
+    attempts = sorted(Path(seed_folder).glob("attempt_*"), key=lambda p: int(p.name.split("_")[1])
+                      if p.name.split("_")[1].isdigit() else -1)
+    if not attempts:
+        return None
+    logs = sorted(attempts[-1].glob("*_1.log")) or [attempts[-1] / "run.log"]
+    return logs[-1] if logs[-1].is_file() else None
+
+
+def live_band(seed_folder: Path, curves: list, rules):
+    """A running seed against the reference band (mlrepro.scoring.eval_band.BandCheck), or None without one."""
+    from mlrepro.scoring import eval_band, mllog
+
+    log = live_log(seed_folder)
+    if log is None or not curves:
+        return None
+    parsed = mllog.parse_text(log.read_text(errors="replace"), source=str(log))
+    points = [[(r.metadata or {}).get("samples_count"), r.value] for r in parsed.records
+              if r.key == rules.target_metric and isinstance(r.value, (int, float))]
+    points = [p for p in points if isinstance(p[0], (int, float))]
+    return eval_band.check(points, curves, lower_is_better=rules.target_direction == "<=")
+
+
+def watch_band(seed_folder: Path, curves: list, rules, out: Path, stop, every_s: float = 10.0) -> None:
+    """Until `stop` (a threading.Event) is set: write `out` (diverged.json) once the running seed has lost."""
+    while not stop.wait(every_s):
+        try:
+            result = live_band(seed_folder, curves, rules)
+        except (OSError, ValueError):
+            continue
+        if result is not None and result.lost:
+            atomic_write_json(out, {"reason": "diverged: " + result.message(), **result.to_dict(),
+                                    "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+            return

@@ -59,6 +59,7 @@ class EarlyStop:
 
     confidence: float = 0.99
     min_seeds: int = 3
+    cancel_diverged: bool = False  # also cancel a running seed whose evaluations leave the reference band
 
     def threshold(self, required: int) -> float:
         """P(not reproduced) a single look needs: the false-stop budget 1 - confidence is split
@@ -80,10 +81,10 @@ def early_stop_policy(raw: Any, source: str) -> EarlyStop | None:
     if not isinstance(raw, dict):
         raise PolicyError(f"{source}: early_stop: must be a mapping such as {{confidence: 0.99, min_seeds: 3}}, "
                           f"true or false (got {raw!r})")
-    unknown = sorted(set(raw) - {"confidence", "min_seeds", "enabled"})
+    unknown = sorted(set(raw) - {"confidence", "min_seeds", "enabled", "cancel_diverged"})
     if unknown:
         raise PolicyError(f"{source}: early_stop: unknown key {', '.join(map(repr, unknown))} "
-                          "(allowed: confidence, min_seeds, enabled)")
+                          "(allowed: confidence, min_seeds, enabled, cancel_diverged)")
     if raw.get("enabled") is False:
         return None
     confidence = raw.get("confidence", EarlyStop.confidence)
@@ -92,7 +93,8 @@ def early_stop_policy(raw: Any, source: str) -> EarlyStop | None:
     min_seeds = raw.get("min_seeds", EarlyStop.min_seeds)
     if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 2:
         raise PolicyError(f"{source}: early_stop.min_seeds: {min_seeds!r} is not a whole number of at least 2")
-    return EarlyStop(confidence=float(confidence), min_seeds=min_seeds)
+    return EarlyStop(confidence=float(confidence), min_seeds=min_seeds,
+                     cancel_diverged=bool(raw.get("cancel_diverged", False)))
 
 
 @dataclass(frozen=True)

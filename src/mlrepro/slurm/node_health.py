@@ -121,3 +121,38 @@ def clear(path: Path, node: str | None = None) -> list[str]:
 def exclude_list(system_excludes: tuple[str, ...] | list[str], path: Path) -> tuple[str, ...]:
     """--exclude for a new submission: the system's own exclude_nodes, then the recorded bad nodes."""
     return tuple(system_excludes) + tuple(n for n in excluded(path) if n not in system_excludes)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("action", choices=("list", "clear"), help="list the bad nodes, or clear one (or --all)")
+    parser.add_argument("node", nargs="?", help="the node to clear, once it is repaired")
+    parser.add_argument("--system", required=True, help="config/systems/<name>.yaml the reproduction runs on")
+    parser.add_argument("--all", action="store_true", help="clear every node")
+    parser.add_argument("--root", default=".", help="the checkout whose results/ holds the record")
+
+
+def run(args) -> int:
+    import sys
+
+    path = bad_nodes_file(Path(args.root), args.system)
+    try:
+        nodes = read(path)
+        if args.action == "list":
+            for name, rec in sorted(nodes.items()):
+                print(f"{name}\tsince {rec.get('since')}\t{rec.get('benchmark')} seed {rec.get('seed')}\t{rec.get('why')}")
+            if not nodes:
+                print(f"no bad nodes recorded for {args.system} ({path})")
+            return 0
+        if not args.node and not args.all:
+            print("mlrepro nodes clear: name a node, or --all", file=sys.stderr)
+            return 2
+        gone = clear(path, None if args.all else args.node)
+    except ValueError as exc:
+        print(f"mlrepro nodes: {exc}", file=sys.stderr)
+        return 2
+    if not gone:
+        print(f"mlrepro nodes: {args.node} is not recorded as bad for {args.system} (recorded: "
+              f"{', '.join(sorted(nodes)) or 'none'})", file=sys.stderr)
+        return 1
+    print(f"cleared: {', '.join(gone)}; later seeds may run on {'them' if len(gone) > 1 else 'it'} again")
+    return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mlrepro.scoring import cost_report
 
 SCORE = {
@@ -39,3 +41,43 @@ def test_no_cost_no_section_and_summary_columns():
     assert cols["early_stop"].startswith("stopped after 3")
     assert set(cols) == set(cost_report.COLUMNS)
     assert cost_report.summary_columns({})["spent_gpu_hours"] is None
+
+
+CHROMIUM = __import__("shutil").which("chromium") or __import__("shutil").which("chromium-browser")
+
+
+def _dom(page, tmp_path) -> str:
+    import subprocess
+
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_both_reports_show_the_cost_in_headless_chromium(tmp_path):
+    import json
+
+    from mlrepro.scoring import summary
+    from mlrepro.scoring.report import write_report
+
+    score = {**SCORE, "benchmark": "mini_lora", "runs": [], "valid": False, "reasons": [SCORE["early_stop"]["message"]],
+             "target": {"metric": "eval_accuracy", "value": 0.925, "direction": "<="}, "rcp": {"scaling_factor": 1.0}}
+    page = write_report(score, None, tmp_path / "mini_lora" / "report.html", verdict_html=cost_report.section(score))
+    dom = _dom(page, tmp_path)
+    assert 'id="cost-table"' in dom and 'id="early-stop"' in dom and "stopped after 3 of 10 seeds" in dom
+    assert "planned, upper bound" in dom and 'id="running-verdict"' in dom
+    verdict = {"benchmark": "mini_lora", "system": {"name": "local-slow"}, "reference": {"label": "ref", "kind": "x"},
+               "verdict": "not valid", "why": ["stopped"], **{k: SCORE[k] for k in ("cost", "early_stop")}}
+    vfile = tmp_path / "mini_lora" / "verdict.json"
+    vfile.write_text(json.dumps(verdict))
+    table = summary.write_final_report([vfile], tmp_path / "report.html", tmp_path / "summary.csv",
+                                       tmp_path / "summary.json")
+    assert table.loc[0, "spent_gpu_hours"] == 0.06 and table.loc[0, "planned_gpu_hours"] == 5.0
+    assert "spent_gpu_hours" in (tmp_path / "summary.csv").read_text().splitlines()[0]
+    final = _dom(tmp_path / "report.html", tmp_path)
+    assert "0.06 / 5 CPU-hours" in final and 'id="cost-total"' in final
+    assert "Cost in total: 0.06 CPU-hours spent of 5 planned" in final
