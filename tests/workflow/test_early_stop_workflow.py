@@ -63,5 +63,6 @@ def test_stops_after_two_of_four_and_says_so(stopped):
     assert score["valid"] is False and score["complete_mlperf_result"] is False
     assert score["early_stop"]["message"].startswith("stopped after 2 of 4 seeds: not reproduced with probability >= 0.99")
     assert score["cost"]["gpu_hours"] > 0 and score["early_stop"]["saved_gpu_hours"] > 0
+    assert json.loads((bench / "verdict.json").read_text())["verdict"] == "not reproduced"
     report = (bench / "report.html").read_text()
     assert "stopped after 2 of 4 seeds" in report and "id='cost-table'" in report

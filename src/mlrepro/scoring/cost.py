@@ -173,7 +173,7 @@ def benchmark_cost(benchmark_folder: Path, gpus_per_node: int, plan: dict | None
     per_seed = {}
     for seed, folder in sorted(paths.seed_dirs(Path(benchmark_folder)).items()):
         per_seed[seed] = {**seed_cost(seed_attempts(folder, gpus_per_node, now)),
-                          "done": (folder / "mllog.txt").exists()}
+                          "done": (folder / "mllog.txt").exists(), "stopped": paths.stopped_file(folder).exists()}
     return {**total(per_seed.values()), "seeds": {str(k): v for k, v in per_seed.items()}, "planned": plan}
 
 

@@ -79,6 +79,9 @@ def section(score: dict) -> str:
                      + "".join(f"<tr><td>{_e(s)}</td><td>{v['attempts']}</td><td>{v['failed_attempts']}</td>"
                                f"<td>{v['elapsed_s']:.0f}</td><td>{_h(v['gpu_hours'])}</td>"
                                f"<td>{_h(v['failed_gpu_hours'])}</td></tr>"
+                               if not (v.get("stopped") and not v["attempts"]) else
+                               f"<tr><td>{_e(s)}</td><td colspan='5' class='small'>not run: the early stop settled "
+                               "the reproduction</td></tr>"
                                for s, v in sorted(seeds.items(), key=lambda kv: int(kv[0]))) + "</table>")
     parts.append(running_section(score.get("running_verdict")))
     return "".join(parts)

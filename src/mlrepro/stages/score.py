@@ -158,5 +158,10 @@ def verdict(settings, benchmark: str, score_file: Path, reference_file: Path, co
     for key in ("cost", "early_stop", "running_verdict", "complete_mlperf_result"):
         if key in yours:
             result[key] = yours[key]
+    if "early_stop" in yours:
+        # Settled before all its seeds ran: the early stop's own verdict, not the score's "not valid".
+        result["verdict"] = verdicts.NOT_REPRODUCED
+        result["why"] = [yours["early_stop"]["message"]] + [w for w in result["why"]
+                                                            if w != yours["early_stop"]["message"]]
     atomic_write_json(out, result)
     atomic_write_text(plot, verdicts.distribution_plot(result))

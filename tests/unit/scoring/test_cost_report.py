@@ -81,3 +81,10 @@ def test_both_reports_show_the_cost_in_headless_chromium(tmp_path):
     final = _dom(tmp_path / "report.html", tmp_path)
     assert "0.06 / 5 CPU-hours" in final and 'id="cost-total"' in final
     assert "Cost in total: 0.06 CPU-hours spent of 5 planned" in final
+
+
+def test_seeds_the_early_stop_did_not_run_say_so():
+    score = {**SCORE, "cost": {**SCORE["cost"], "seeds": {**SCORE["cost"]["seeds"], "3": {
+        "attempts": 0, "failed_attempts": 0, "elapsed_s": 0, "gpu_hours": 0, "failed_gpu_hours": 0, "stopped": True}}}}
+    html = cost_report.section(score)
+    assert "<td>3</td><td colspan='5' class='small'>not run: the early stop settled the reproduction</td>" in html
