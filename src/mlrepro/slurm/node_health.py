@@ -104,6 +104,8 @@ def record(path: Path, node: str, why: str, *, benchmark: str | None = None, see
 
 def clear(path: Path, node: str | None = None) -> list[str]:
     """Forget `node` (after its repair), or every node when None; the names removed."""
+    if not Path(path).is_file():
+        return []
     with _locked(Path(path)):
         nodes = read(path)
         if node is None:
@@ -150,6 +152,9 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"mlrepro nodes: {exc}", file=sys.stderr)
         return 2
+    if not gone and args.all:
+        print(f"no bad nodes recorded for {args.system}: nothing to clear")
+        return 0
     if not gone:
         print(f"mlrepro nodes: {args.node} is not recorded as bad for {args.system} (recorded: "
               f"{', '.join(sorted(nodes)) or 'none'})", file=sys.stderr)
