@@ -90,7 +90,7 @@ def test_status_names_the_excluded_node_and_the_clear_command_clears_it(excluded
     out = subprocess.run([sys.executable, "-m", "mlrepro", "status", str(ws / "results" / "mini_lora")],
                          capture_output=True, text=True, cwd=ws, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "excluded nodes (local-slurm-pernode): node2" in out.stdout and "quick preflight" in out.stdout
+    assert "excluded nodes (local-slurm-pernode): node2" in out.stdout and "preflight failed on node2" in out.stdout
     assert "spent" in out.stdout
     clear = subprocess.run([sys.executable, "-m", "mlrepro", "nodes", "clear", "node2", "--system",
                             "local-slurm-pernode"], capture_output=True, text=True, cwd=ws, timeout=60)
