@@ -110,8 +110,9 @@ def main() -> int:
         print("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
     for r in rows:
         if r["planned (upper)"] and r["saved"] is not None:
-            print(f"{r['system']}: saved {r['saved'] / r['planned (upper)']:.0%} of the planned upper bound, "
-                  f"{r['saved'] / (r['spent'] + r['saved']):.0%} of the projected total (spent + saved)")
+            print(f"{r['system']}: spent {r['spent'] / r['planned (upper)']:.0%} of the planned upper bound; the "
+                  f"seeds not run would have cost {r['saved'] / (r['spent'] + r['saved']):.0%} of the projected "
+                  "total (spent + saved, at the mean cost of the seeds that ran)")
     return 0
 
 
