@@ -36,6 +36,7 @@ FINISHING = "finishing"  # the Slurm job completed; its results are not collecte
 SUBMITTED = "submitted"  # a job id is recorded but Slurm cannot say more
 NOT_STARTED = "not started"
 MISSING = "missing"
+STOPPED = "stopped"  # the early stop did not run it, or cancelled it (mlrepro.scoring.early_stop)
 
 _SUCCESS_STATUSES = {"success", "succeeded", "done", "ok", "completed", "complete"}
 
@@ -115,6 +116,9 @@ def _seed_status(seed: int, folder: Path,
                  job_info: Callable[[str], slurm.JobInfo] | None = None) -> SeedStatus:
     if not folder.is_dir():
         return SeedStatus(seed=seed, state=MISSING)
+    if (stopped := paths.read_json_if_exists(paths.stopped_file(folder))) is not None:
+        return SeedStatus(seed=seed, state=STOPPED, reason=("cancelled" if stopped.get("cancelled") else "not run")
+                          + " by the early stop")
     job = _read_json(folder / "job.json")
     failure = _read_json(folder / "failure.json")
     result = _read_json(folder / "run.json")

@@ -42,3 +42,12 @@ def test_nodes_command_lists_and_clears(tmp_path, capsys):
     assert node_health.run(args) == 1 and "gpu09 is not recorded" in capsys.readouterr().err
     args.node = "gpu07"
     assert node_health.run(args) == 0 and node_health.excluded(path) == []
+
+
+def test_a_seed_the_early_stop_did_not_run_is_stopped(tmp_path):
+    folder = tmp_path / "results" / "b" / "seed_4"
+    folder.mkdir(parents=True)
+    (folder / "stopped.json").write_text(json.dumps({"cancelled": False}))
+    (folder / "mllog.txt").write_text("")
+    row = status.seed_status(4, folder)
+    assert row.state == "stopped" and row.reason == "not run by the early stop"
