@@ -196,6 +196,8 @@ class System:
     submission: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)  # for mlrepro.plan
     max_job_minutes: float | None = None  # the longest a job may run here (see mlrepro.launch.chain)
+    early_stop: Any = None  # the opt-in early stop (see mlrepro.scoring.running_verdict.early_stop_policy)
+    cores: int | None = None  # CPU cores a local seed may use (None: all)
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,7 @@ class Benchmark:
     min_free_gb: float = 0
     segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.launch.chain)
     pretrain: dict | None = None  # GPT pretraining: model, tokens, layouts (see mlrepro.pretrain.megatron_plan)
+    early_stop: Any = None  # the opt-in early stop; wins over the system's
 
     @property
     def is_pretrain(self) -> bool:
@@ -349,6 +352,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         min_free_gb=data["min_free_gb"],
         segments=data.get("segments"),
         pretrain=data.get("pretrain"),
+        early_stop=data.get("early_stop"),
     )
 
 
@@ -389,6 +393,8 @@ def load_system(root: Path, name: str) -> System:
         submission=dict(data["submission"]),
         hardware=dict(data.get("hardware") or {}),
         max_job_minutes=data.get("max_job_minutes"),
+        early_stop=data.get("early_stop"),
+        cores=data.get("cores"),
     )
 
 

@@ -5,9 +5,15 @@ Seed folder contract (results/<benchmark>/seed_<seed>/, private to the user):
   mllog.txt     the run's MLLOG lines; written last, atomically: its presence means "done"
   run.log       the output of the last attempt that ended (the rule's log), secrets redacted
   run.json      the seed's score (the score_seed stage)
-  attempt_<K>/  each attempt's own folder (LOGDIR): its run.log or Slurm logs, submitit's files
+  attempt_<K>/  each attempt's own folder (LOGDIR): its run.log or Slurm logs, submitit's files, and
+                attempt.json (what the attempt cost: nodes, GPUs, elapsed, state; mlrepro.scoring.cost)
   job.json      the launch of the current attempt (local owner and marker, or Slurm job id)
   failure.json  why the last attempt failed; removed when an attempt succeeds
+  stopped.json  the early stop did not run (or cancelled) this seed; its mllog.txt is then empty
+  diverged.json its running attempt left the reference runs' band (cancelled, with early_stop.cancel_diverged)
+
+Per reproduction: results/<benchmark>/early_stop.json (the early stop's decision, mlrepro.scoring.early_stop)
+and results/nodes/<system>/bad_nodes.json (the nodes every later seed excludes, mlrepro.slurm.node_health).
 
 Per benchmark: results/<benchmark>/container.json (the image built), resources/<benchmark>/data and
 resources/<benchmark>/checkpoint (each with its manifest.json), resources/<benchmark>/implementation.
@@ -178,6 +184,31 @@ def plan_file(seed_folder: Path) -> Path:
 
 def read_plan(seed_folder: Path) -> dict | None:
     return read_json_if_exists(plan_file(seed_folder))
+
+
+def attempt_record(attempt_folder: Path) -> Path:
+    """attempt_<K>/attempt.json: what one attempt cost (written by its backend, read by mlrepro.scoring.cost)."""
+    return attempt_folder / "attempt.json"
+
+
+def stopped_file(seed_folder: Path) -> Path:
+    """stopped.json: the early stop did not run, or cancelled, this seed."""
+    return seed_folder / "stopped.json"
+
+
+def diverged_file(seed_folder: Path) -> Path:
+    """diverged.json: the running attempt's evaluations left the reference runs' band."""
+    return seed_folder / "diverged.json"
+
+
+def early_stop_file(root: Path, benchmark: str) -> Path:
+    """results/<benchmark>/early_stop.json: the reproduction is settled; nothing more is submitted."""
+    return benchmark_dir(root, benchmark) / "early_stop.json"
+
+
+def bad_nodes_file(root: Path, system: str) -> Path:
+    """results/nodes/<system>/bad_nodes.json: the system's bad nodes, excluded from every later seed."""
+    return Path(root) / "results" / "nodes" / system / "bad_nodes.json"
 
 
 def read_failure(seed_folder: Path) -> dict | None:

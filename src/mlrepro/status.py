@@ -14,6 +14,7 @@ and asks Slurm (sacct, then squeue) about seeds that have a job but no result ye
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -35,6 +36,7 @@ FINISHING = "finishing"  # the Slurm job completed; its results are not collecte
 SUBMITTED = "submitted"  # a job id is recorded but Slurm cannot say more
 NOT_STARTED = "not started"
 MISSING = "missing"
+STOPPED = "stopped"  # the early stop did not run it, or cancelled it (mlrepro.scoring.early_stop)
 
 _SUCCESS_STATUSES = {"success", "succeeded", "done", "ok", "completed", "complete"}
 
@@ -114,6 +116,9 @@ def _seed_status(seed: int, folder: Path,
                  job_info: Callable[[str], slurm.JobInfo] | None = None) -> SeedStatus:
     if not folder.is_dir():
         return SeedStatus(seed=seed, state=MISSING)
+    if (stopped := paths.read_json_if_exists(paths.stopped_file(folder))) is not None:
+        return SeedStatus(seed=seed, state=STOPPED, reason=("cancelled" if stopped.get("cancelled") else "not run")
+                          + " by the early stop")
     job = _read_json(folder / "job.json")
     failure = _read_json(folder / "failure.json")
     result = _read_json(folder / "run.json")
@@ -249,13 +254,90 @@ def run(args: argparse.Namespace) -> int:
                                                                             status_command=args.status_command))
     rows = benchmark_status(folder, seeds, job_info)
     counts = summary(rows)
+    extra = reproduction(folder)
     if args.json:
         print(json.dumps({"benchmark": folder.name, "folder": str(folder), "counts": counts,
-                          "seeds": [asdict(r) for r in rows]}, indent=2))
+                          "seeds": [asdict(r) for r in rows], **extra}, indent=2))
         return 0
     if not rows:
         print(f"{folder}: no seed folders (seed_<N>) yet")
         return 0
     print(format_table(rows), end="")
     print(f"{len(rows)} seeds: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    for line in reproduction_lines(extra):
+        print(line)
     return 0
+
+
+def reproduction(folder: Path) -> dict:
+    """What the seeds cost so far, the running verdict, the early stop and the system's excluded nodes."""
+    from mlrepro.scoring import cost, early_stop
+    from mlrepro.scoring import rules as scoring_rules
+    from mlrepro.slurm import node_health
+
+    root = folder.resolve().parent.parent
+    spent = cost.benchmark_cost(folder, gpus_per_node=1)
+    spent["unit"] = cost.unit_of(cost.seed_attempts(f, 1) for f in paths.seed_dirs(folder).values())
+    out: dict = {"cost": spent, "early_stop": early_stop.read_decision(root, folder.name), "running_verdict": None,
+                 "excluded_nodes": {}}
+    for record in sorted((root / "results" / "nodes").glob(f"*/{node_health.FILE_NAME}")):
+        with contextlib.suppress(ValueError):
+            if nodes := node_health.read(record):
+                out["excluded_nodes"][record.parent.name] = nodes
+    bench = _benchmark(root, folder.name)
+    if bench is not None and any((f / "mllog.txt").is_file() for f in paths.seed_dirs(folder).values()):
+        out["running_verdict"] = early_stop.running(root, bench, scoring_rules.for_benchmark(bench))
+    out["outside_band"] = _outside_band(root, folder, bench)
+    return out
+
+
+def _outside_band(root: Path, folder: Path, bench) -> dict[str, str]:
+    """Running seeds whose evaluations left the reference runs' band: they have already lost."""
+    from mlrepro.scoring import early_stop
+    from mlrepro.scoring import rules as scoring_rules
+
+    running = {s: f for s, f in paths.seed_dirs(folder).items() if not (f / "mllog.txt").is_file()}
+    if bench is None or bench.is_pretrain or not running:
+        return {}
+    rules = scoring_rules.for_benchmark(bench)
+    curves = early_stop.reference_curves(root, bench, rules)
+    found = {}
+    for seed, f in running.items():
+        result = early_stop.live_band(f, curves, rules)
+        if result is not None and result.lost:
+            found[str(seed)] = result.message()
+    return found
+
+
+def _benchmark(root: Path, name: str):
+    from mlrepro import config
+
+    if not (root / "config" / "benchmarks" / f"{name}.yaml").is_file():
+        return None
+    try:
+        return config.load_benchmark(root, name)
+    except config.ConfigError:
+        return None
+
+
+def reproduction_lines(extra: dict) -> list[str]:
+    c = extra["cost"]
+    lines = [f"spent: {c['gpu_hours']:.3g} {c['unit']} over {c['attempts']} attempts"
+             + (f" ({c['failed_attempts']} failed: {c['failed_gpu_hours']:.3g} {c['unit']})" if c["failed_attempts"] else "")
+             + (" (partly estimated from file times)" if c.get("estimated") else "")]
+    rv = extra.get("running_verdict")
+    if rv:
+        p = rv.get("p_reproduced")
+        lines.append(f"running verdict: after {rv['seeds_finished']} of {rv['seeds_required']} seeds, "
+                     + (f"P(reproduced) = {p:.3f}" if p is not None else str(rv.get("why"))))
+    if extra.get("early_stop"):
+        lines.append(f"early stop: {extra['early_stop']['message']}")
+    for seed, why in sorted(extra.get("outside_band", {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"seed {seed} has already lost: evaluations {why}")
+    for system, nodes in extra.get("excluded_nodes", {}).items():
+        lines.append(f"excluded nodes ({system}): {', '.join(sorted(nodes))}")
+        for name, rec in sorted(nodes.items()):
+            lines.append(f"  {name}: since {rec.get('since')}, {rec.get('benchmark')} seed {rec.get('seed')} attempt "
+                         f"{rec.get('attempt')}: {rec.get('why')}; after repair: mlrepro nodes clear {name} "
+                         f"--system {system}")
+    return lines

@@ -123,6 +123,18 @@ def seed_plan(wc, attribute):
     return value() if callable(value) else value
 
 
+def planned_cost(wc):
+    """The dry run's plan line (the score rule's message): the seeds at the wall-time and at the
+    reference's run times (mlrepro.stages.score.planned_line)."""
+    from mlrepro.stages import score as score_stage
+
+    b = bench(wc.benchmark)
+    if not mlrepro_systems.implementation_known(SETTINGS.root, b):
+        return f"{wc.benchmark}: cost planned once the implementation is fetched"
+    plan = kinds.of(b).dag_plan(SETTINGS, wc.benchmark, b.seeds[0])
+    return score_stage.planned_line(SETTINGS, wc.benchmark, plan)
+
+
 def all_targets():
     targets = []
     for name in SETTINGS.benchmarks:

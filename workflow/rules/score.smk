@@ -27,6 +27,10 @@ rule score:
         time_to_train=report("results/{benchmark}/plots/time_to_train.svg", caption="../report/time_to_train.rst", category="Plots"),
     log:
         "logs/{benchmark}/score.log",
+    params:
+        planned=planned_cost,
+    message:
+        "score {wildcards.benchmark}; {params.planned}"
     localrule: True
     script:
         "../scripts/stage.py"

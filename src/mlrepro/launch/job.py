@@ -190,6 +190,41 @@ def verify_inputs(plan: SeedPlan, root: Path) -> None:
                          retry=False)
 
 
+class EarlyStopped(SeedFailed):
+    """The seed was cancelled because the early stop settled the reproduction while it ran."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retry=False)
+
+
+class Diverged(SeedFailed):
+    """The seed was cancelled: its evaluations left the reference runs' band (failure.json reason `diverged`)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retry=False)
+
+
+def early_stop_settled(plan: SeedPlan) -> bool:
+    """The reproduction is settled (mlrepro.scoring.early_stop): a running seed is cancelled."""
+    return paths.early_stop_file(plan.seed_dir.parents[2], plan.benchmark).is_file()
+
+
+def diverged(plan: SeedPlan) -> dict | None:
+    """diverged.json of the seed (the train stage's band watcher wrote it): cancel the seed."""
+    return paths.read_json_if_exists(paths.diverged_file(plan.seed_dir))
+
+
+def record_attempt(logdir: Path, attempt: int, scheduler: str, **fields) -> None:
+    """attempt_<K>/attempt.json, what the attempt cost (fields: mlrepro.scoring.cost.attempt_record);
+    written when it starts and again when it ends. Never fails the seed."""
+    from mlrepro.scoring import cost
+
+    try:
+        atomic_write_json(paths.attempt_record(logdir), cost.attempt_record(attempt, scheduler, **fields))
+    except OSError as exc:
+        log.warning("%s: cannot write attempt.json: %s", logdir, exc.strerror or exc)
+
+
 def next_attempt(seed_dir: Path) -> int:
     numbers = [int(p.name.split("_")[1]) for p in seed_dir.glob("attempt_*") if p.name.split("_")[1].isdigit()]
     return max(numbers, default=0) + 1

@@ -17,12 +17,17 @@ from mlrepro.config import System
 from mlrepro.launch.job import (
     RESERVE_BYTES,
     RESERVE_NAME,
+    Diverged,
+    EarlyStopped,
     SeedFailed,
     SeedPlan,
+    diverged,
+    early_stop_settled,
     io_failure,
     next_attempt,
     now,
     private_folders,
+    record_attempt,
     record_failure,
     run_env,
 )
@@ -44,7 +49,7 @@ class _WallTime(Exception):
     pass
 
 
-def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: str) -> int:
+def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: str, cores: int | None = None) -> int:
     """Run run_and_time.sh to completion; executed by submitit in its own process.
 
     `env` holds the run's settings only; secrets reach the run through this process's own
@@ -58,6 +63,9 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
 
     from mlrepro.util import proctree, secrets
 
+    if cores:
+        # A system with fewer cores (config/systems/local-slow.yaml): the run's processes inherit it.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
     child_env = {**os.environ, **env}
     marker = child_env[proctree.MARKER]
     hide = secrets.redactor(child_env)
@@ -198,6 +206,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     attempt_log = logdir / "run.log"
     reserve = seed_dir / RESERVE_NAME
     watchdog = None
+    started, t0, state = None, time.monotonic(), "FAILED"
     try:
         logdir.mkdir(mode=0o700)
         _reserve(reserve)
@@ -215,8 +224,11 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         # submitit's controller and job inherit os.environ: with the marker they are the seed's too.
         with _environ(**{proctree.MARKER: ours}):
             job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(attempt_log),
-                                  str(logdir / "run.pid"))
+                                  str(logdir / "run.pid"), system.cores)
         _record_job(plan, int(job.job_id), attempt, logdir)
+        started, t0 = now(), time.monotonic()
+        record_attempt(logdir, attempt, "local", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, start=started,
+                       device=system.device)
 
         def cancel(signum, _frame):
             job.cancel()
@@ -226,8 +238,19 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, cancel)
+        why = _wait_or_stop(job, plan, ours)
+        if why == "stopped":
+            state = "CANCELLED"
+            record_failure(seed_dir, "early stop: the reproduction is settled; this seed was cancelled",
+                           state="STOPPED", attempt=attempt)
+            raise EarlyStopped(f"seed {plan.seed}: cancelled by the early stop")
+        if why is not None:
+            state = "DIVERGED"
+            record_failure(seed_dir, why, state="DIVERGED", attempt=attempt)
+            raise Diverged(f"seed {plan.seed}: cancelled, {why}")
         try:
             rc = job.result()
+            state = {0: "COMPLETED", WALLTIME_EXIT: "TIMEOUT", PREFLIGHT_EXIT: "PREFLIGHT_FAILED"}.get(rc, "FAILED")
         except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as exc:
             # On a full or read-only disk submitit cannot even store the result: say so.
             _probe_writable(logdir)
@@ -243,7 +266,28 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         if watchdog is not None:
             watchdog.terminate()
             watchdog.wait()
+        if started is not None:
+            record_attempt(logdir, attempt, "local", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+                           start=started, end=now(), elapsed_s=round(time.monotonic() - t0, 3), state=state,
+                           device=system.device)
     _check_exit(plan, rc, attempt, attempt_log, run_log)
+
+
+def _wait_or_stop(job, plan: SeedPlan, marker: str) -> str | None:
+    """Wait for the attempt; why it was cancelled meanwhile ("stopped": the early stop settled the
+    reproduction; "diverged: ...": its evaluations left the reference band), or None."""
+    from mlrepro.util import proctree
+
+    while not job.done():
+        gone = diverged(plan)
+        why = "stopped" if early_stop_settled(plan) else (gone.get("reason") or "diverged") if gone is not None else None
+        if why:
+            job.cancel()
+            with contextlib.suppress(proctree.Survivors):
+                proctree.kill(marker)
+            return why
+        time.sleep(1)
+    return None
 
 
 def preflight_failed(log_path: Path) -> bool:

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from pathlib import Path
 
 from mlrepro import paths
 from mlrepro.config import System
 from mlrepro.launch.job import (
+    Diverged,
+    EarlyStopped,
     SeedFailed,
     SeedPlan,
+    diverged,
+    early_stop_settled,
     io_failure,
     now,
+    record_attempt,
     record_failure,
     run_env,
 )
+from mlrepro.slurm import node_health
 from mlrepro.util import secrets
 from mlrepro.util.fsutil import atomic_write_json
 
@@ -33,23 +40,33 @@ def _container_image(plan: SeedPlan) -> str:
     return paths.container_image(record, pushed=True) or "none"
 
 
+def bad_nodes_file(plan: SeedPlan, system: System) -> Path:
+    return node_health.bad_nodes_file(plan.seed_dir.parents[2], system.name)
+
+
 def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
+    from mlrepro.preflight import quick
     from mlrepro.slurm import client as slurm
 
     seed_dir = plan.seed_dir
     logdir = seed_dir / f"attempt_{attempt}"
     logdir.mkdir(parents=True, exist_ok=True)
     suspects = sorted(set((paths.read_failure(seed_dir) or {}).get("suspect_nodes", [])))
-    env = run_env(plan, logdir, CONT=_container_image(plan))
-    exclude = tuple(system.exclude_nodes) + tuple(n for n in suspects if n not in system.exclude_nodes)
+    # srun runs the quick preflight on each node before its first rank (run.sub itself stays NVIDIA's).
+    env = run_env(plan, logdir, CONT=_container_image(plan),
+                  SLURM_TASK_PROLOG=str(quick.task_prolog(logdir, sys.executable)))
+    # The nodes found bad by any earlier seed of the reproduction, then this seed's own suspects.
+    base = node_health.exclude_list(system.exclude_nodes, bad_nodes_file(plan, system))
+    exclude = base + tuple(n for n in suspects if n not in base)
     command = slurm.for_attempt(plan.sbatch, exclude=exclude, output=logdir / "slurm-%j.out", workdir=logdir)
     try:
         job_id = slurm.submit_command(command, env=env, job_name=plan.job_name)
     except slurm.SlurmError as exc:
-        if not suspects:
+        if tuple(exclude) == tuple(system.exclude_nodes):
             raise
         # Too few nodes left without the suspects: run anyway rather than never.
-        log.warning("seed %d: cannot exclude %s (%s); submitting without", plan.seed, ",".join(suspects), exc)
+        log.warning("seed %d: cannot exclude %s (%s); submitting without", plan.seed,
+                    ",".join(n for n in exclude if n not in system.exclude_nodes), exc)
         exclude = tuple(system.exclude_nodes)
         command = slurm.for_attempt(plan.sbatch, exclude=exclude, output=logdir / "slurm-%j.out", workdir=logdir)
         job_id = slurm.submit_command(command, env=env, job_name=plan.job_name)
@@ -103,7 +120,22 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     seed_dir = plan.seed_dir
     seed_dir.mkdir(parents=True, exist_ok=True)
     job = _attach_or_submit(plan, system)
-    info = slurm.wait(job["job_id"], poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command)
+    logdir = Path(job["logdir"])
+    logdir.mkdir(parents=True, exist_ok=True)
+    record_attempt(logdir, job["attempt"], "slurm", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+                   start=job.get("submitted"), job_id=job["job_id"], state="PENDING", device=system.device)
+    stopped = []
+
+    def settled() -> bool:
+        if not stopped and early_stop_settled(plan):
+            stopped.append("stopped")
+        if not stopped and (gone := diverged(plan)):
+            stopped.append(gone.get("reason") or "diverged")
+        return bool(stopped)
+
+    info = slurm.wait(job["job_id"], poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command,
+                      stop=settled)
+    _record_cost(plan, job, info, system.device)
     # The job's own logs are redacted in place as soon as it ends; run.log is made from them.
     for written in Path(job["logdir"]).glob("*"):
         if written.is_file() and written.suffix in (".log", ".out", ".txt"):
@@ -116,12 +148,22 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
         {**job, "collected": now(), "state": info.state, "end": info.end, "elapsed_s": info.elapsed_seconds,
          "nodes": list(info.nodes)},
     )
-    if info.state != "COMPLETED":
+    if stopped and stopped[0] != "stopped" and info.state != "COMPLETED":
+        record_failure(seed_dir, stopped[0], state="DIVERGED", job_id=job["job_id"], attempt=job["attempt"])
+        raise Diverged(f"seed {plan.seed}: Slurm job {job['job_id']} cancelled, {stopped[0]}")
+    if stopped and info.state != "COMPLETED":
+        record_failure(seed_dir, f"early stop: Slurm job {job['job_id']} cancelled, the reproduction is settled",
+                       state="STOPPED", job_id=job["job_id"], attempt=job["attempt"])
+        raise EarlyStopped(f"seed {plan.seed}: Slurm job {job['job_id']} cancelled by the early stop")
+    bad = _bad_nodes(plan, system, job, info, run_log)
+    if info.state != "COMPLETED" or bad:
         previous = (paths.read_failure(seed_dir) or {}).get("suspect_nodes", [])
-        suspects = sorted(set(previous) | (set(info.nodes) if info.state in NODE_SUSPECT_STATES else set()))
+        suspects = sorted(set(previous) | set(bad) | (set(info.nodes) if info.state in NODE_SUSPECT_STATES else set()))
+        why = "; ".join(bad.values()) if bad else (
+            f"Slurm job {job['job_id']} ended {info.state}" + (f" (exit code {info.exit_code})" if info.exit_code else ""))
         record_failure(
-            seed_dir, f"Slurm job {job['job_id']} ended {info.state}" + (f" (exit code {info.exit_code})" if info.exit_code else ""),
-            state=info.state, exit_code=info.exit_code, job_id=job["job_id"], nodes=list(info.nodes),
+            seed_dir, why, state="PREFLIGHT_FAILED" if bad and info.state != "NODE_FAIL" else info.state,
+            exit_code=info.exit_code, job_id=job["job_id"], nodes=list(info.nodes),
             suspect_nodes=suspects, attempt=job["attempt"],
         )
         raise SeedFailed(
@@ -132,3 +174,32 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
         record_failure(seed_dir, f"Slurm job {job['job_id']} wrote no run log in {job['logdir']}", state="NO_LOG", job_id=job["job_id"])
         raise SeedFailed(f"seed {plan.seed}: no run log in {job['logdir']}")
 
+
+
+def _record_cost(plan: SeedPlan, job: dict, info, device: str) -> None:
+    """attempt.json from sacct's own record of the job (elapsed, nodes, state), what the cost adds up."""
+    from mlrepro.slurm import client as slurm
+
+    acct = slurm.accounting(job["job_id"]) if info.source != "sacct" else info
+    acct = acct or info
+    record_attempt(Path(job["logdir"]), job["attempt"], "slurm", nodes=len(acct.nodes) or plan.nodes,
+                   gpus_per_node=plan.gpus_per_node, start=acct.start, end=acct.end,
+                   elapsed_s=acct.elapsed_seconds, state=acct.state, job_id=str(job["job_id"]),
+                   node_names=acct.nodes, source=acct.source or "sacct", device=device)
+
+
+def _bad_nodes(plan: SeedPlan, system: System, job: dict, info, run_log: Path) -> dict[str, str]:
+    """The nodes this attempt found bad (its quick preflight, a node failure, a GPU error), each recorded
+    for the whole reproduction so that every later seed excludes it."""
+    from mlrepro.preflight import quick
+
+    found = dict(quick.failed_nodes(Path(job["logdir"])))
+    text = run_log.read_text(errors="replace") if run_log.is_file() else ""
+    if info.state != "COMPLETED" and (why := node_health.node_side(info.state, text)) and not found:
+        found = {node: why for node in info.nodes}
+    for node, why in found.items():
+        if node_health.record(bad_nodes_file(plan, system), node, why, benchmark=plan.benchmark, seed=plan.seed,
+                              attempt=job["attempt"], job_id=str(job["job_id"]),
+                              source="preflight" if "preflight" in why else "job"):
+            log.warning("seed %d: node %s is bad (%s); every later seed excludes it", plan.seed, node, why)
+    return found

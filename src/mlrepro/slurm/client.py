@@ -272,15 +272,18 @@ def wait(
     status_command: str = "sacct",
     timeout_seconds: float | None = None,
     unknown_grace_seconds: float = 120.0,
+    stop: Callable[[], bool] | None = None,
 ) -> JobInfo:
     """Poll until job `job_id` reaches a terminal state and return its JobInfo.
 
-    `on_state` is called whenever the state changes. A job that Slurm still does
+    `on_state` is called whenever the state changes; once `stop()` says True the job is
+    cancelled (once) and waited for to its end. A job that Slurm still does
     not know after `unknown_grace_seconds` raises SlurmError (a wrong id, or a
     cluster that lost it), as does `timeout_seconds` running out.
     """
     started = time.monotonic()
     last_state = None
+    cancelled = False
     while True:
         info = job_info(job_id, status_command=status_command)
         if info.state != last_state:
@@ -289,6 +292,9 @@ def wait(
                 on_state(info)
         if info.terminal:
             return info
+        if stop is not None and not cancelled and stop():
+            cancel(job_id)
+            cancelled = True
         waited = time.monotonic() - started
         if info.state == UNKNOWN and waited > unknown_grace_seconds:
             raise SlurmError(f"Slurm does not know job {job_id} (waited {waited:.0f} s)"
@@ -296,6 +302,22 @@ def wait(
         if timeout_seconds is not None and waited > timeout_seconds:
             raise SlurmError(f"job {job_id} still {info.state} after {waited:.0f} s")
         time.sleep(poll_seconds)
+
+
+def accounting(job_id: str | int, *, settle_seconds: float = 30.0) -> JobInfo | None:
+    """sacct's own record of a job that has ended (elapsed, nodes, state), waited for while accounting
+    still holds a provisional one; None when sacct cannot say (no accounting)."""
+    deadline = time.monotonic() + settle_seconds
+    while True:
+        try:
+            rows = [j for j in _sacct_jobs(["-j", str(job_id)]) if j.job_id == str(job_id)]
+        except SlurmError:
+            return None
+        if rows and rows[-1].terminal and rows[-1].elapsed_seconds is not None:
+            return rows[-1]
+        if time.monotonic() > deadline:
+            return rows[-1] if rows else None
+        time.sleep(1)
 
 
 def cancel(job_id: str | int, *, signal: str | None = None) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
-from mlrepro import kinds
+from mlrepro import kinds, paths
 from mlrepro.launch import auto, chain, job
 from mlrepro.stages.process import OWN, rule
 
@@ -16,21 +17,80 @@ log = logging.getLogger("mlrepro.stages")
                        Path(smk.log[0])), {}), log=OWN)
 def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -> None:
     """Run the seed, retrying a failed attempt up to the benchmark's `retries` times. Its plan is made
-    once, here, and kept in the seed folder (plan.json) for the score and `mlrepro status`."""
+    once, here, and kept in the seed folder (plan.json) for the score and `mlrepro status`.
+
+    With the opt-in early stop (mlrepro.scoring.early_stop) a settled reproduction submits nothing
+    more: the seed is marked stopped instead; after each finished seed the outcome is looked at."""
+    from mlrepro.scoring import early_stop
+
     bench = settings.benchmark(benchmark)
+    if (decision := early_stop.read_decision(settings.root, benchmark)) is not None:
+        # Settled: delete early_stop.json and the stopped seeds' folders to go on anyway.
+        early_stop.mark_stopped(paths.seed_dir(settings.root, benchmark, seed), out, decision, cancelled=False)
+        log.info("%s seed %d not run: %s", benchmark, seed, decision["message"])
+        return
     kind = kinds.of(bench)
     plan = kind.prepare(settings, benchmark, seed)
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
     job.verify_inputs(plan, settings.root)
     job.write_plan(plan)
     limits = chain.limits(bench.segments, settings.system.max_job_minutes)
-    for attempt in range(bench.retries + 1):
-        try:
-            auto.run_seed_chain(plan, settings.system, log_path, limits)
-            kind.finish_seed(bench, plan, log_path, out)
-            return
-        except job.SeedFailed as exc:
-            if attempt == bench.retries or not exc.retry:
-                raise
-            log.warning("%s; retrying (%d of %d)", exc, attempt + 1, bench.retries)
+    # A seed cancelled as diverged by an earlier invocation runs again when the workflow is run again.
+    paths.diverged_file(plan.seed_dir).unlink(missing_ok=True)
+    with _band_watch(settings, bench, plan):
+        for attempt in range(bench.retries + 1):
+            try:
+                auto.run_seed_chain(plan, settings.system, log_path, limits)
+                kind.finish_seed(bench, plan, log_path, out)
+                _look_at_the_outcome(settings, bench, plan)
+                return
+            except job.EarlyStopped as exc:
+                log.info("%s", exc)
+                early_stop.mark_stopped(plan.seed_dir, out, early_stop.read_decision(settings.root, benchmark) or {},
+                                        cancelled=True)
+                return
+            except job.SeedFailed as exc:
+                if attempt == bench.retries or not exc.retry:
+                    raise
+                log.warning("%s; retrying (%d of %d)", exc, attempt + 1, bench.retries)
 
+
+def _look_at_the_outcome(settings, bench, plan: job.SeedPlan) -> None:
+    """After a finished seed: is the reproduction settled (the opt-in early stop)? Never fails the seed."""
+    from mlrepro.scoring import early_stop
+    from mlrepro.scoring import rules as scoring_rules
+
+    try:
+        decision = early_stop.evaluate(settings.root, bench, settings.system, scoring_rules.for_benchmark(bench),
+                                       plan.gpus_per_node, settings.system.device)
+    except Exception as exc:  # the seed's result stands whatever the look at it does
+        log.warning("%s: early stop not evaluated: %s", bench.name, exc)
+        return
+    if decision is not None:
+        log.warning("%s: %s", bench.name, decision["message"])
+
+
+@contextlib.contextmanager
+def _band_watch(settings, bench, plan: job.SeedPlan):
+    """With early_stop.cancel_diverged on: a watcher that marks the running seed diverged once its
+    evaluations leave the reference runs' band; its backend then cancels it."""
+    import threading
+
+    from mlrepro.scoring import early_stop
+    from mlrepro.scoring import rules as scoring_rules
+
+    policy = early_stop.policy_of(bench, settings.system)
+    rules = scoring_rules.for_benchmark(bench)
+    curves = (early_stop.reference_curves(settings.root, bench, rules)
+              if policy and policy.cancel_diverged and not bench.is_pretrain else [])
+    if not curves:
+        yield
+        return
+    stop = threading.Event()
+    watcher = threading.Thread(target=early_stop.watch_band, daemon=True,
+                               args=(plan.seed_dir, curves, rules, paths.diverged_file(plan.seed_dir), stop))
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()

@@ -1,0 +1,65 @@
+"""Bad nodes of a reproduction (issue 24): recorded once, excluded from later seeds, cleared by hand."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+
+from mlrepro.slurm import node_health
+
+
+def test_record_once_exclude_and_clear(tmp_path):
+    path = node_health.bad_nodes_file(tmp_path, "local-slurm")
+    assert path == tmp_path / "results" / "nodes" / "local-slurm" / "bad_nodes.json"
+    assert node_health.excluded(path) == []
+    assert node_health.record(path, "node2", "quick preflight failed", benchmark="mini_lora", seed=3, attempt=1,
+                              job_id="41", now="2026-11-26T22:00:00+00:00")
+    assert not node_health.record(path, "node2", "again", seed=4)  # the first record stays
+    rec = node_health.read(path)["node2"]
+    assert rec["seed"] == 3 and rec["why"] == "quick preflight failed" and rec["since"].startswith("2026-11-26")
+    assert node_health.exclude_list(("node9",), path) == ("node9", "node2")
+    assert node_health.exclude_list(("node2",), path) == ("node2",)
+    assert node_health.clear(path, "node7") == []
+    assert node_health.clear(path, "node2") == ["node2"] and node_health.excluded(path) == []
+
+
+def test_clear_all_and_a_damaged_record_is_named(tmp_path):
+    path = tmp_path / "bad_nodes.json"
+    for n in ("a", "b"):
+        node_health.record(path, n, "x")
+    assert node_health.clear(path) == ["a", "b"]
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="bad_nodes.json: cannot read the bad-node record"):
+        node_health.excluded(path)
+    path.write_text(json.dumps({"other": 1}))
+    with pytest.raises(ValueError, match="no 'nodes' mapping"):
+        node_health.excluded(path)
+    with pytest.raises(ValueError, match="not a node name"):
+        node_health.record(tmp_path / "n.json", "", "x")
+
+
+def _record(args):
+    path, node, i = args
+    return node_health.record(path, node, f"writer {i}", seed=i)
+
+
+def test_parallel_seeds_failing_on_one_node_record_it_once(tmp_path):
+    path = tmp_path / "bad_nodes.json"
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        results = pool.map(_record, [(path, "node1" if i % 2 else "node2", i) for i in range(16)])
+    assert sum(results) == 2 and node_health.excluded(path) == ["node1", "node2"]
+
+
+@pytest.mark.parametrize("state,log,expected", [
+    ("NODE_FAIL", "", "Slurm job ended NODE_FAIL"),
+    ("PREFLIGHT_FAILED", "", "quick preflight failed"),
+    ("FAILED", "step 3\nNVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus\n", "GPU error in the run's log: NVRM"),
+    ("FAILED", "Traceback: ValueError: bad LR", None),
+    ("OUT_OF_MEMORY", "", None),
+    ("TIMEOUT", "", None),
+])
+def test_node_side_failures_are_told_from_job_failures(state, log, expected):
+    why = node_health.node_side(state, log)
+    assert (why is None) if expected is None else why.startswith(expected)
