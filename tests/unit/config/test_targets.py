@@ -60,7 +60,7 @@ def test_systems_that_fit_each_benchmark():
         return systems.fitting_systems(REPO, bench, with_implementation=systems.implementation_known(REPO, bench))
 
     fits = {name: fits_of(config.load_benchmark(REPO, name)) for name in BENCHMARKS}
-    assert set(fits["mini_lora"]) == {"local", "local-slow", "local-slurm"}
+    assert set(fits["mini_lora"]) == {"local", "local-slow", "local-slurm", "device-h100x2", "device-h200x2"}
     assert "dgxb200" in fits["llama2_lora"] and "local-slurm" not in fits["llama2_lora"]
     # NVIDIA's smallest llama31_405b submission takes 256 GPUs: one NVL72 rack is not enough.
     assert "gb200-nvl72x4" in fits["llama31_405b"] and "gb200-nvl72" not in fits["llama31_405b"]
