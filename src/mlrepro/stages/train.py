@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from mlrepro import kinds
-from mlrepro.launch import auto, chain, job
+from mlrepro.launch import adopt, auto, chain, job
 from mlrepro.stages.process import OWN, rule
 
 log = logging.getLogger("mlrepro.stages")
@@ -24,6 +24,8 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     job.verify_inputs(plan, settings.root)
     job.write_plan(plan)
     limits = chain.limits(bench.segments, settings.system.max_job_minutes)
+    if limits is None and adopted(kind, bench, plan, log_path, out):
+        return
     for attempt in range(bench.retries + 1):
         try:
             auto.run_seed_chain(plan, settings.system, log_path, limits)
@@ -34,3 +36,16 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
                 raise
             log.warning("%s; retrying (%d of %d)", exc, attempt + 1, bench.retries)
 
+
+
+def adopted(kind, bench, plan: job.SeedPlan, log_path: Path, out: Path) -> bool:
+    """Whether an attempt a killed workflow left finished (mlrepro.launch.adopt) is the seed's result."""
+    if not adopt.take_finished_attempt(plan, log_path):
+        return False
+    try:
+        kind.finish_seed(bench, plan, log_path, out)
+    except job.SeedFailed as exc:
+        log.info("%s; training again", exc)
+        return False
+    log.info("%s seed %d: the finished run of an earlier workflow kept, not trained again", bench.name, plan.seed)
+    return True
