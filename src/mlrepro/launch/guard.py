@@ -10,6 +10,12 @@ kills every process carrying the tag, cancels the Slurm jobs the run submitted (
 is inside the workflow's), and, when no other snakemake runs in the folder, removes the lock the
 dead one left: the plain rerun then starts without `--unlock`.
 
+A seed's own Slurm job (run.sub, submitted by mlrepro.launch.slurm into the seed's folder) is left to
+run: the rerun re-attaches to it, so no training is lost or run twice. Its processes carry the tag
+too (on a one-machine cluster they are here), so the guard kills only the tagged processes of the
+Slurm job snakemake itself ran in (none, or the allocation it was started inside), and cancels only
+the jobs whose working folder is the workflow's own (the executor plugin's stage jobs).
+
 A process that carries the tag already (a job's own snakemake, re-parsing the Snakefile) starts no
 guard: the run has one.
 """
@@ -44,7 +50,7 @@ def guard_workflow(workdir: str | os.PathLike) -> str | None:
     env = {k: v for k, v in os.environ.items() if k != RUN_MARKER}
     subprocess.Popen(
         [sys.executable, "-m", "mlrepro.launch.guard", str(owner), str(proctree.start_time(owner)), marker,
-         str(Path(workdir).resolve()), time.strftime("%Y-%m-%dT%H:%M:%S")],
+         str(Path(workdir).resolve()), time.strftime("%Y-%m-%dT%H:%M:%S"), os.environ.get("SLURM_JOB_ID", "")],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True,
     )
@@ -52,18 +58,40 @@ def guard_workflow(workdir: str | os.PathLike) -> str | None:
     return marker
 
 
-def watch(owner: int, owner_start: int, marker: str, workdir: Path, started: str, poll: float = 0.2) -> None:
+def watch(owner: int, owner_start: int, marker: str, workdir: Path, started: str, slurm_job: str,
+          poll: float = 0.2) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C of the workflow must not stop the guard
     while proctree.start_time(owner) == owner_start:
         time.sleep(poll)
-    stop_run(marker, workdir, started)
+    stop_run(marker, workdir, started, slurm_job)
 
 
-def stop_run(marker: str, workdir: Path, started: str) -> None:
+def run_processes(marker: str, slurm_job: str = "") -> list[proctree.Proc]:
+    """The live processes of the run started here (tagged, in the Slurm job `slurm_job` or in none)."""
+    found = []
+    for proc in proctree.find(marker, RUN_MARKER):
+        try:
+            env = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        job = next((v.partition(b"=")[2].decode() for v in env if v.startswith(b"SLURM_JOB_ID=")), "")
+        if job == slurm_job:
+            found.append(proc)
+    return found
+
+
+def kill_run_processes(marker: str, slurm_job: str = "", timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (procs := run_processes(marker, slurm_job)) and time.monotonic() < deadline:
+        for proc in procs:
+            proctree.kill_process(proc.pid, proc.start)
+        time.sleep(0.1)
+
+
+def stop_run(marker: str, workdir: Path, started: str, slurm_job: str = "") -> None:
     """What is left of the run once its snakemake is gone: its processes, its Slurm jobs, its lock."""
-    with contextlib.suppress(proctree.Survivors):
-        proctree.kill(marker, timeout=60.0, variable=RUN_MARKER)
+    kill_run_processes(marker, slurm_job)
     # Another snakemake here (a dry run, `mlrepro status`'s, a rerun already started) may own the
     # jobs and the lock: neither is touched while one runs.
     if snakemake_running_in(workdir):
@@ -73,7 +101,8 @@ def stop_run(marker: str, workdir: Path, started: str) -> None:
 
 
 def cancel_slurm_jobs(workdir: Path, started: str) -> None:
-    """Cancel the jobs this run submitted: nothing waits for them any more, and a rerun would race them."""
+    """Cancel the stage jobs this run submitted through the executor plugin: nothing waits for them any
+    more, and a rerun would race them."""
     import shutil
 
     if shutil.which("squeue") is None:
@@ -81,7 +110,7 @@ def cancel_slurm_jobs(workdir: Path, started: str) -> None:
     from mlrepro.slurm import client as slurm
 
     try:
-        for job_id in slurm.live_jobs_under(workdir, submitted_since=started):
+        for job_id in slurm.live_jobs_in(workdir, submitted_since=started):
             with contextlib.suppress(slurm.SlurmError):
                 slurm.cancel(job_id)
     except (slurm.SlurmError, OSError) as exc:
@@ -124,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("marker")
     parser.add_argument("workdir", type=Path)
     parser.add_argument("started", help="when the run started (squeue's time format)")
+    parser.add_argument("slurm_job", nargs="?", default="", help="the Slurm job snakemake runs in, if any")
     args = parser.parse_args(argv)
-    watch(args.owner, args.owner_start, args.marker, args.workdir, args.started)
+    watch(args.owner, args.owner_start, args.marker, args.workdir, args.started, args.slurm_job)
     return 0
 
 

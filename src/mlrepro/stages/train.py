@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from mlrepro import kinds
-from mlrepro.launch import adopt, auto, chain, job
+from mlrepro.launch import adopt, auto, chain, finished, job
 from mlrepro.stages.process import OWN, rule
 
 log = logging.getLogger("mlrepro.stages")
@@ -30,6 +30,7 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
         try:
             auto.run_seed_chain(plan, settings.system, log_path, limits)
             kind.finish_seed(bench, plan, log_path, out)
+            finished.record(plan.seed_dir, out)
             return
         except job.SeedFailed as exc:
             if attempt == bench.retries or not exc.retry:
@@ -47,5 +48,6 @@ def adopted(kind, bench, plan: job.SeedPlan, log_path: Path, out: Path) -> bool:
     except job.SeedFailed as exc:
         log.info("%s; training again", exc)
         return False
+    finished.record(plan.seed_dir, out)
     log.info("%s seed %d: the finished run of an earlier workflow kept, not trained again", bench.name, plan.seed)
     return True

@@ -549,3 +549,36 @@ def _stage_processes(tree: Path) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+@pytest.mark.slow
+def test_a_seed_log_truncated_after_it_finished_is_named_with_its_rerun_which_takes_the_run_back(tree):
+    """Issue 26 item 8: a finished seed whose mllog.txt was later truncated was scored as a failed run
+    and never retrained; the score stayed valid on the others and nothing said why."""
+    from mlrepro import status
+    from mlrepro.stages import score as stages_score
+
+    out, log = seed_paths(tree, 1)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    whole = out.read_text()
+    run_json = out.parent / "run.json"
+    stages_score.score_seed(settings(tree), "tiny", 1, out, run_json)
+    assert "changed_after_finish" not in json.loads(run_json.read_text())
+    out.write_text(whole[: len(whole) // 2])
+    stages_score.score_seed(settings(tree), "tiny", 1, out, run_json)
+    run = json.loads(run_json.read_text())
+    changed = run["changed_after_finish"]
+    assert "seed_1/mllog.txt was truncated after the seed finished" in changed["reason"]
+    rerun = "--forcerun results/tiny/seed_1/mllog.txt results/tiny/score.json"
+    assert changed["rerun"] == f"snakemake --profile profiles/local --config system=here {rerun}"
+    assert run["counted"] is False and any("truncated" in r for r in run["reasons"])
+    row = status.seed_status(1, out.parent)
+    assert row.state == status.FAILED and "truncated" in row.reason and rerun in row.reason
+    # The rerun: Snakemake deletes the forced job's output and runs the seed's job, which takes the
+    # finished run back from its attempt's log; nothing is trained again.
+    out.unlink()
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert out.read_text() == whole and (out.parent / "attempts").read_text().strip() == "1"
+    stages_score.score_seed(settings(tree), "tiny", 1, out, run_json)
+    assert "changed_after_finish" not in json.loads(run_json.read_text())
+    assert status.seed_status(1, out.parent).state == status.DONE
