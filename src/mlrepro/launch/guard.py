@@ -94,7 +94,7 @@ def stop_run(marker: str, workdir: Path, started: str, slurm_job: str = "") -> N
     kill_run_processes(marker, slurm_job)
     # Another snakemake here (a dry run, `mlrepro status`'s, a rerun already started) may own the
     # jobs and the lock: neither is touched while one runs.
-    if snakemake_running_in(workdir):
+    if snakemake_running_in(workdir, besides=marker):
         return
     cancel_slurm_jobs(workdir, started)
     release_lock(workdir)
@@ -117,8 +117,10 @@ def cancel_slurm_jobs(workdir: Path, started: str) -> None:
         log.warning("could not cancel the run's Slurm jobs: %s", exc)
 
 
-def snakemake_running_in(workdir: Path) -> list[int]:
-    """Live snakemake processes whose working folder is `workdir`."""
+def snakemake_running_in(workdir: Path, besides: str = "") -> list[int]:
+    """Live snakemake processes whose working folder is `workdir`, the run `besides`'s own left out
+    (the executor plugin's jobs run a snakemake of their own, in the workflow's folder)."""
+    ours = f"{RUN_MARKER}={besides}".encode()
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -127,6 +129,8 @@ def snakemake_running_in(workdir: Path) -> list[int]:
             if Path(entry.path, "cwd").resolve() != workdir:
                 continue
             command = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            if besides and ours in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                continue
         except OSError:
             continue
         if any(part.endswith(b"snakemake") for part in command[:3]):
