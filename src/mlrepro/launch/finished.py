@@ -49,5 +49,6 @@ def rerun_command(system, benchmark: str, seed_dir: Path) -> str:
     """The command that redoes one seed (its kept run taken back, or trained again)."""
     target = paths.seed_files(benchmark, [int(seed_dir.name.split("_")[-1])], "mllog.txt")[0]
     profile = "slurm" if system.scheduler == "slurm" else "local"
-    return (f"snakemake --profile profiles/{profile} --config system={system.name} --forcerun {target} "
-            f"results/{benchmark}/score.json")
+    # The target first: --forcerun and --config each take every word up to the next option.
+    return (f"snakemake --profile profiles/{profile} results/{benchmark}/score.json --forcerun {target} "
+            f"--config system={system.name}")

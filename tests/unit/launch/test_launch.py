@@ -569,8 +569,8 @@ def test_a_seed_log_truncated_after_it_finished_is_named_with_its_rerun_which_ta
     run = json.loads(run_json.read_text())
     changed = run["changed_after_finish"]
     assert "seed_1/mllog.txt was truncated after the seed finished" in changed["reason"]
-    rerun = "--forcerun results/tiny/seed_1/mllog.txt results/tiny/score.json"
-    assert changed["rerun"] == f"snakemake --profile profiles/local --config system=here {rerun}"
+    rerun = "results/tiny/score.json --forcerun results/tiny/seed_1/mllog.txt --config system=here"
+    assert changed["rerun"] == f"snakemake --profile profiles/local {rerun}"
     assert run["counted"] is False and any("truncated" in r for r in run["reasons"])
     row = status.seed_status(1, out.parent)
     assert row.state == status.FAILED and "truncated" in row.reason and rerun in row.reason
