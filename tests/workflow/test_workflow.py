@@ -144,8 +144,11 @@ def _seed_finished_since(before: set):
 
 
 def _data_files(ws: Path) -> dict:
+    """The data stages' files (not the stamp each seed's check of them rewrites)."""
+    from mlrepro.data import manifest
+
     return {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (ws / "resources" / "mini_lora").rglob("*")
-            if p.is_file() and ".partial" not in str(p)}
+            if p.is_file() and ".partial" not in str(p) and p.name != manifest.VERIFIED_STAMP}
 
 
 def _attempts(results: Path) -> dict:
