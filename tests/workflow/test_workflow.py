@@ -23,7 +23,9 @@ import yaml
 
 from workspace import make_workspace, planned_jobs, run_snakemake, snakemake_cmd
 
-pytestmark = pytest.mark.slow
+# The module's workspace runs the 10-seed miniature through four invocations (three of them killed):
+# its setup is charged to the first test that uses it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 TARGET = "results/mini_lora/score.json"
 PROFILE = ("--profile", "profiles/local")
