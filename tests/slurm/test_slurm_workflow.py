@@ -25,7 +25,9 @@ from mlrepro.launch import job as launch
 from mlrepro.slurm import client as slurm
 from workspace import make_workspace, run_snakemake, snakemake_cmd, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+# The scenario's setup (four invocations of the 10-seed miniature, one killed in data preparation)
+# is charged to the first test that uses it.
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(2400)]
 
 TARGET = "results/mini_lora/score.json"
 # Short polling keeps CI fast; a real cluster keeps the profile's defaults.
@@ -94,7 +96,7 @@ def scenario(slurm_cluster, tmp_path_factory):
                              text=True, start_new_session=True)
     try:
         # Every seed queued, one of them running: cancel the running one.
-        wait_for(lambda: all(read_job(ws, s) for s in SEEDS), 600, "all seeds submitted", first)
+        wait_for(lambda: all(read_job(ws, s) for s in SEEDS), 1200, "all seeds submitted", first)
         running = wait_for(
             lambda: next((s for s in SEEDS if slurm.job_info(read_job(ws, s)["job_id"]).state == "RUNNING"), None),
             300, "a running seed", first)
