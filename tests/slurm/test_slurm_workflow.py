@@ -25,7 +25,7 @@ from mlrepro.launch import job as launch
 from mlrepro.slurm import client as slurm
 from workspace import make_workspace, run_snakemake, snakemake_cmd, wait_for
 
-# The scenario's setup (four invocations of the 10-seed miniature, one killed in data preparation)
+# The scenario's setup (three invocations of the 10-seed miniature, two of them killed)
 # is charged to the first test that uses it.
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(2400)]
 
