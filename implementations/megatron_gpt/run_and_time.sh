@@ -3,13 +3,33 @@
 # On one machine (MEGATRON_LAUNCH_FILE): the planner's launch line (torchrun ... pretrain_gpt.py ...),
 # run in the Megatron-LM checkout; torchrun starts one rank per GPU.
 # Under run.sub (MEGATRON_ARGS_FILE): one rank of the run; srun starts one of these per GPU.
+# A seed run as a chain of time-limited jobs (CHECKPOINT_DIR, and JOB_SECONDS/MARGIN_SECONDS where a job
+# limit applies): the launch already saves to and loads from the checkpoint folder; the job limit becomes
+# Megatron's own clock (--exit-duration-in-mins, counted from the program's start, whole minutes), and
+# segment_end.py tells the chain how the job ended (a `segment:` line, or run_stop at the last iteration).
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # sdpa_spec.py (--spec sdpa_spec ...) lives beside this script.
-export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
 cd "${MEGATRON_DIR:-/workspace/megatron-lm}"
+
+run() {
+  if [ -z "${CHECKPOINT_DIR:-}" ]; then exec "$@"; fi
+  if [ -n "${JOB_SECONDS:-}" ]; then
+    minutes=$(( (${JOB_SECONDS%.*} - ${MARGIN_SECONDS:-0}) / 60 ))
+    if [ "$minutes" -lt 1 ]; then
+      echo "a job limit of ${JOB_SECONDS} s less a margin of ${MARGIN_SECONDS:-0} s is under one minute, Megatron-LM's smallest --exit-duration-in-mins" >&2
+      exit 2
+    fi
+    set -- "$@" --exit-duration-in-mins "$minutes"
+  fi
+  "$@" 2>&1 | python3 "$HERE/segment_end.py"
+  exit "${PIPESTATUS[0]}"
+}
+
 if [ -n "${MEGATRON_LAUNCH_FILE:-}" ]; then
   eval "set -- $(cat "$MEGATRON_LAUNCH_FILE")"
-  exec "$@"
+  run "$@"
 fi
 : "${MEGATRON_ARGS_FILE:?MEGATRON_LAUNCH_FILE or MEGATRON_ARGS_FILE names the rendered launch}"
 export RANK=${SLURM_PROCID:-${RANK:-0}} WORLD_SIZE=${SLURM_NTASKS:-${WORLD_SIZE:-1}}
@@ -17,4 +37,4 @@ export LOCAL_RANK=${SLURM_LOCALID:-${LOCAL_RANK:-0}}
 export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" 2>/dev/null | head -n1 || echo localhost)}
 export MASTER_PORT=${MASTER_PORT:-29500}
 eval "set -- $(cat "$MEGATRON_ARGS_FILE")"
-exec python pretrain_gpt.py "$@"
+run python pretrain_gpt.py "$@"

@@ -116,14 +116,21 @@ def read_tokens(prefix: Path):
     import numpy as np
 
     idx, bin_path = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    for path in (idx, bin_path):
+        if not path.is_file():  # missing, or a FIFO whose open would wait forever
+            raise UsageError(f"{path}: not a regular file")
     with open(idx, "rb") as fh:
         head = fh.read(34)
+        if len(head) < 34:
+            raise UsageError(f"{idx}: {len(head)} bytes, shorter than a Megatron index header (truncated?)")
         if head[:9] != INDEX_MAGIC:
             raise UsageError(f"{idx}: not a Megatron index (magic {head[:9]!r})")
         version, code, sequences = struct.unpack_from("<QBQ", head, 9)
         if version != 1 or code not in INDEX_DTYPES:
             raise UsageError(f"{idx}: version {version}, dtype code {code}: not a Megatron index this trainer reads")
         lengths = np.fromfile(fh, "<i4", sequences)
+    if len(lengths) != sequences or (len(lengths) and int(lengths.min()) < 0):
+        raise UsageError(f"{idx}: {sequences} sequences, but {len(lengths)} lengths, or a negative one (truncated?)")
     dtype = np.dtype(INDEX_DTYPES[code])
     size = int(lengths.astype(np.int64).sum()) * dtype.itemsize
     if len(lengths) != sequences or bin_path.stat().st_size != size:

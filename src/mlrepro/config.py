@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +21,11 @@ import jsonschema
 import yaml
 
 from mlrepro import paths
+from mlrepro.util import confine, safe_yaml
 
 # The schemas belong to the workflow: a checkout validates its config with its own.
 SCHEMA_SUBDIR = Path("workflow") / "schemas"
-# What a benchmark's run_env values may name: the folders of those stages (see launch.plan_seed).
+# What a benchmark's run_env values may name: the folders of those stages (see kinds.mlperf.plan_seed).
 RUN_ENV_PLACEHOLDERS = ("dataset", "checkpoint", "corpus")
 
 
@@ -31,9 +33,13 @@ class ConfigError(ValueError):
     """A configuration file is invalid; the message names the file and the key."""
 
 
+# libyaml's parser where PyYAML was built with it: the workflow reads every config file at parse time.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @functools.cache
 def _schema(schema_dir: Path, name: str) -> dict:
-    return yaml.safe_load((schema_dir / f"{name}.schema.yaml").read_text())
+    return yaml.load((schema_dir / f"{name}.schema.yaml").read_text(), Loader=_SAFE_LOADER)
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
@@ -84,10 +90,18 @@ def _non_finite(data: Any, path: str = "") -> list[str]:
     return []
 
 
+# JSON Schema counts 3.0 as an integer; a count written 3.0 then reaches range() or a job name
+# ("seed_1.0") and fails there, long after the dry run. Here an integer is an int.
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, x: isinstance(x, int) and not isinstance(x, bool)))
+
+
 def validate(data: Any, schema_name: str, source: str, root: Path) -> dict:
     """Validate `data` against <root>/workflow/schemas/<schema_name>.schema.yaml; return it with defaults filled."""
     schema = _schema(root / SCHEMA_SUBDIR, schema_name)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     problems = _non_finite(data) + [_describe(e) for e in errors]
     if problems:
@@ -98,42 +112,34 @@ def validate(data: Any, schema_name: str, source: str, root: Path) -> dict:
     return data
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
-            except TypeError:
-                continue  # an unhashable key: construct_mapping reports it
-            if first != key_node.start_mark.line + 1:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key}' is given twice (lines {first} and {key_node.start_mark.line + 1})",
-                    key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_yaml(path: Path) -> Any:
-    """The YAML file at `path`; a syntax error or a repeated key is a ConfigError naming the file."""
+    """The YAML file at `path`: UTF-8, no key given twice, no alias bomb (mlrepro.util.safe_yaml);
+    anything else is a ConfigError naming the file."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        return safe_yaml.load_file(path)
+    except safe_yaml.YamlError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_config_file(path: str | Path) -> None:
     """Read config/config.yaml as strictly as the other files, before Snakemake loads it
     (whose own message names no file and which keeps the last of two equal keys)."""
-    load_yaml(Path(path))
+    data = load_yaml(Path(path))
+    if not isinstance(data, dict):
+        what = "empty" if data is None else f"a {type(data).__name__}, not a mapping of keys"
+        raise ConfigError(f"{path}: {what} (it names the benchmarks and the system: see README.md)")
+
+
+def check_command_line(entries) -> None:
+    """`--config system=a system=b`: Snakemake keeps the last without a word; refused, naming both."""
+    if not isinstance(entries, (list, tuple)):
+        return
+    seen: dict[str, str] = {}
+    for entry in entries:
+        key = str(entry).split("=", 1)[0].strip()
+        if key in seen:
+            raise ConfigError(f"--config: key '{key}' is given twice ({seen[key]} and {entry}); give it once")
+        seen[key] = str(entry)
 
 
 def _check_run_env(run_env: dict, rel: Path) -> None:
@@ -148,6 +154,28 @@ def _check_run_env(run_env: dict, rel: Path) -> None:
             if name not in RUN_ENV_PLACEHOLDERS or spec or conv:
                 raise ConfigError(f"{rel}: run_env.{key}: unknown placeholder {{{name}}} in {value!r} "
                                   f"(known: {allowed})")
+
+
+def _check_scripts(data: dict, impl_dir: Path | None, rel: Path) -> None:
+    """Every download script stays inside the implementation's folder (it runs there, or in the
+    container that mounts it; `impl_dir` None: a git implementation not fetched yet, checked by name),
+    and every file a cleanup removes inside the stage's folder."""
+    for stage in ("dataset", "checkpoint"):
+        for i, source in enumerate((data.get(stage) or {}).get("sources") or []):
+            script = source.get("script") if isinstance(source, dict) else None
+            if script is not None:
+                why = confine.outside(impl_dir or Path("/nonexistent-implementation"), script)
+                if why:
+                    raise ConfigError(f"{rel}: {stage}.sources[{i}].script: {why} (the implementation's folder); "
+                                      f"a download script is the implementation's own")
+            # The cleanup removes files of the stage's own folder, never one beside it.
+            cleanup = source.get("cleanup") or {} if isinstance(source, dict) else {}
+            named = [("remove", n) for n in cleanup.get("remove", [])]
+            named += [("unwrap", n) for pair in cleanup.get("unwrap", {}).items() for n in pair]
+            for key, name in named:
+                why = confine.outside(Path(f"/the-{stage}-folder"), name)
+                if why:
+                    raise ConfigError(f"{rel}: {stage}.sources[{i}].cleanup.{key}: {why}")
 
 
 @dataclass(frozen=True)
@@ -167,7 +195,7 @@ class System:
     slurm_poll_seconds: float = 30.0
     submission: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)  # for mlrepro.plan
-    max_job_minutes: float | None = None  # the longest a job may run here (see mlrepro.pretrain.segments)
+    max_job_minutes: float | None = None  # the longest a job may run here (see mlrepro.launch.chain)
 
 
 @dataclass(frozen=True)
@@ -191,7 +219,7 @@ class Benchmark:
     reference: dict | None = None  # reference runs for a benchmark with no published result
     requires: dict = field(default_factory=dict)
     min_free_gb: float = 0
-    segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.pretrain.segments)
+    segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.launch.chain)
     pretrain: dict | None = None  # GPT pretraining: model, tokens, layouts (see mlrepro.pretrain.megatron_plan)
 
     @property
@@ -200,10 +228,15 @@ class Benchmark:
         return self.pretrain is not None
 
 
+# A benchmark's name names folders, Slurm jobs and a wildcard's pattern (workflow/schemas: name).
+BENCHMARK_NAME = re.compile(r"[A-Za-z0-9_]+")
+
 
 def benchmark_names(root: Path) -> list[str]:
-    """Every benchmark that has a config/benchmarks/<name>.yaml."""
-    return sorted(p.stem for p in (Path(root) / "config" / "benchmarks").glob("*.yaml"))
+    """Every benchmark that has a config/benchmarks/<name>.yaml; a stray file whose name is no
+    benchmark name (`mini(.yaml`, an editor's `#x.yaml#`) is not one."""
+    return sorted(p.stem for p in (Path(root) / "config" / "benchmarks").glob("*.yaml")
+                  if BENCHMARK_NAME.fullmatch(p.stem))
 
 
 @dataclass(frozen=True)
@@ -215,7 +248,7 @@ class Settings:
     corpora: dict[str, dict] = field(default_factory=dict)  # every corpus a rule may build (any benchmark file's)
     default_corpora: tuple[str, ...] = ()  # those `corpora:` and the listed benchmarks name: the default target
     # config.yaml's `pretrain:` key: what the workflow changes in a GPT seed's run (train_iters, gbs, mbs,
-    # attention, megatron, image, walltime_minutes; see mlrepro.pretrain.megatron_seed). Not
+    # attention, megatron, image, walltime_minutes; see mlrepro.kinds.megatron). Not
     # Benchmark.pretrain, the benchmark's own model and layouts.
     pretrain_overrides: dict = field(default_factory=dict)
     # Any other config/benchmarks/<name>.yaml is loaded (and validated) when first asked for:
@@ -283,8 +316,12 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         git = None
     else:
         git = impl["git"]
+        why = confine.outside(paths.implementation_dir(root, name), git["folder"])
+        if why:
+            raise ConfigError(f"{rel}: implementation.git.folder: {why} (the fetched repository)")
         impl_dir = paths.implementation_dir(root, name) / git["folder"]
     _check_run_env(data["run_env"], rel)
+    _check_scripts(data, impl_dir if git is None else None, rel)
     seeds = tuple(data.get("seeds") or range(1, data["required_runs"] + 1))
     if len(seeds) < data["required_runs"]:
         raise ConfigError(
@@ -332,6 +369,8 @@ def load_system(root: Path, name: str) -> System:
         known = sorted(p.stem for p in (root / "config" / "systems").glob("*.yaml"))
         raise ConfigError(f"system '{name}': {rel} not found (known systems: {', '.join(known)})")
     data = validate(load_yaml(path), "system", str(rel), root)
+    if data["name"] != name:
+        raise ConfigError(f"{rel}: name: '{data['name']}' does not match the file name '{name}'")
     slurm = data["slurm"]
     return System(
         name=data["name"],

@@ -84,6 +84,26 @@ def test_the_trainers_reader_refuses_what_is_not_megatrons(train, tmp_path):
         train.read_tokens(prefix)
 
 
+def test_the_trainers_reader_names_a_truncated_index_or_a_fifo(train, tmp_path):
+    """Issue 26's class of check in the trainer's own reader: no struct.error, no wait on a FIFO."""
+    import os
+
+    prefix = tmp_path / "cut"
+    writer = indexed.IndexedWriter(f"{prefix}.bin")
+    for doc in ([1, 2, 3], [4]):
+        writer.add_document(doc)
+    writer.finalize(f"{prefix}.idx")
+    whole = Path(f"{prefix}.idx").read_bytes()
+    for cut, words in ((20, "shorter than a Megatron index header"), (38, "2 sequences, but 1 lengths")):
+        Path(f"{prefix}.idx").write_bytes(whole[:cut])
+        with pytest.raises(train.UsageError, match=words):
+            train.read_tokens(prefix)
+    Path(f"{prefix}.idx").unlink()
+    os.mkfifo(f"{prefix}.idx")
+    with pytest.raises(train.UsageError, match="cut.idx: not a regular file"):
+        train.read_tokens(prefix)
+
+
 def test_the_trainers_checkpoints_are_the_folders_mlrepro_reads(train, tmp_path):
     for step, loss in [(20, 5.0), (40, 4.0), (60, 4.5), (80, 4.8)]:
         train.save_checkpoint(tmp_path, step, lambda d, s=step: (d / "state.pt").write_bytes(bytes([s])),

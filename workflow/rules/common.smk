@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
@@ -13,6 +14,7 @@ from mlrepro.preflight import run as preflight_run
 # last of two equal keys.
 try:
     mlrepro_config.check_config_file("config/config.yaml")
+    mlrepro_config.check_command_line(workflow.config_settings.config_args)
 except mlrepro_config.ConfigError as error:
     raise WorkflowError(f"mlrepro configuration error:\n{error}") from None
 
@@ -48,7 +50,7 @@ SYSTEM = SETTINGS.system
 # Every config/benchmarks/<name>.yaml can be asked for by file target; `benchmarks:` in
 # config.yaml is only what the default target reproduces.
 wildcard_constraints:
-    benchmark="|".join(mlrepro_config.benchmark_names(SETTINGS.root)) or "(?!)",
+    benchmark="|".join(map(re.escape, mlrepro_config.benchmark_names(SETTINGS.root))) or "(?!)",
     seed=r"\d+",
 
 
@@ -110,16 +112,20 @@ _PLANS = {}
 
 def seed_plan(wc, attribute):
     """One attribute of the seed's plan as the DAG sees it (the kind's dag_plan, a
-    mlrepro.launch.job.SeedPlan), planned once per seed in this process.
+    mlrepro.launch.job.SeedPlan). Every listed seed of the benchmark is planned at once, the first
+    time one is asked for (what they share, such as the config and the stages' places, is read once).
 
     Until a git implementation is fetched its configs are unknown: Snakemake asks before the
     checkpoint has run, gets a placeholder, and asks again once it has (a new key, planned anew).
     """
     b = bench(wc.benchmark)
-    key = (wc.benchmark, int(wc.seed), mlrepro_systems.implementation_known(SETTINGS.root, b))
+    key = (wc.benchmark, mlrepro_systems.implementation_known(SETTINGS.root, b))
     if key not in _PLANS:
-        _PLANS[key] = kinds.of(b).dag_plan(SETTINGS, wc.benchmark, int(wc.seed))
-    value = getattr(_PLANS[key], attribute)
+        _PLANS[key] = kinds.of(b).dag_plans(SETTINGS, wc.benchmark)
+    plan = _PLANS[key].get(int(wc.seed))
+    if plan is None:  # a seed the benchmark does not list: the kind says so
+        plan = kinds.of(b).dag_plan(SETTINGS, wc.benchmark, int(wc.seed))
+    value = getattr(plan, attribute)
     return value() if callable(value) else value
 
 
@@ -132,11 +138,27 @@ def all_targets():
     return targets + ["results/report.html"]
 
 
+# What the input helpers below work out is the same for every seed of a benchmark, and Snakemake asks
+# once per job: each is kept per benchmark once known. A checkpoint that has not run yet raises in
+# .get (nothing is kept), so Snakemake asks again once it has.
+_PER_BENCHMARK = {}
+
+
+def per_benchmark(helper, wc, work):
+    key = (helper, wc.benchmark)
+    if key not in _PER_BENCHMARK:
+        _PER_BENCHMARK[key] = work()
+    return _PER_BENCHMARK[key]
+
+
 def implementation_ready(wc):
     """Input helper: the fetched implementation of a git benchmark (nothing for a local folder)."""
-    if bench(wc.benchmark).implementation_git is None:
-        return []
-    return checkpoints.implementation.get(benchmark=wc.benchmark).output
+    def work():
+        if bench(wc.benchmark).implementation_git is None:
+            return []
+        return [str(f) for f in checkpoints.implementation.get(benchmark=wc.benchmark).output]
+
+    return list(per_benchmark("implementation", wc, work))
 
 
 def reference_runs(wc):
@@ -147,7 +169,7 @@ def reference_runs(wc):
 
 def container_ready(wc):
     """Input helper: the benchmark's container.json, as ancient() (see the container checkpoint)."""
-    return ancient(checkpoints.container.get(benchmark=wc.benchmark).output[0])
+    return ancient(per_benchmark("container", wc, lambda: str(checkpoints.container.get(benchmark=wc.benchmark).output[0])))
 
 
 def seed_data(wc):
@@ -159,13 +181,16 @@ def seed_data(wc):
     through ancient() inputs (snakemake#4166), so a data stage redone after a killed run hid every
     seed, score and report behind it ("1 of 1 steps done", no score). A finished seed is still never
     retrained for a newer input: its job keeps the attempt it finished (mlrepro.launch.adopt)."""
-    b = bench(wc.benchmark)
-    files = {stage: f"resources/{wc.benchmark}/{folder}/manifest.json"
-             for stage, folder in paths.STAGE_FOLDERS.items() if getattr(b, stage)}
-    corpus = kinds.of(b).corpus_folder(Path("."), b)
-    if corpus is not None:
-        files["corpus"] = str(corpus / "data_prefix.json")
-    return files
+    def work():
+        b = bench(wc.benchmark)
+        files = {stage: f"resources/{wc.benchmark}/{folder}/manifest.json"
+                 for stage, folder in paths.STAGE_FOLDERS.items() if getattr(b, stage)}
+        corpus = kinds.of(b).corpus_folder(Path("."), b)
+        if corpus is not None:
+            files["corpus"] = str(corpus / "data_prefix.json")
+        return files
+
+    return dict(per_benchmark("seed_data", wc, work))
 
 
 def implementation_files(wc):
@@ -185,7 +210,7 @@ try:
     MEGATRON_BASELINE = PREFLIGHT["baseline"]["megatron"]
     baseline_megatron.model_of(Path(workflow.basedir), MEGATRON_BASELINE["benchmark"])
     if SYSTEM.device == "cuda":
-        baseline_megatron.layout_of(MEGATRON_BASELINE, SYSTEM.gpus_per_node)
+        baseline_megatron.check_layouts(MEGATRON_BASELINE, SYSTEM.gpus_per_node)
 except mlrepro_config.ConfigError as error:
     raise config_error(error) from None
 

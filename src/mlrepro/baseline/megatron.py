@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro.gpus import datasheet_peak_tflops
-from mlrepro.plan import memory, models, workloads
+from mlrepro.plan import hardware, memory, models, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.preflight.run import healthy_record
 from mlrepro.kinds.megatron import ensure_megatron
@@ -60,7 +60,43 @@ def layout_of(m: dict, gpus_per_node: int) -> Layout:
     if m["gbs"] % (m["mbs"] * dp):
         raise mlrepro_config.ConfigError(f"baseline: megatron: gbs {m['gbs']} is not a multiple of mbs {m['mbs']} "
                                          f"x DP{dp}")
-    return Layout(tp=tp, pp=pp, dp=dp, mbs=m["mbs"], ga=m["gbs"] // (m["mbs"] * dp))
+    return Layout(tp=tp, pp=pp, dp=dp, mbs=m["mbs"], ga=m["gbs"] // (m["mbs"] * dp), vpp=m.get("vpp") or 1)
+
+
+def entries(m: dict) -> list[dict]:
+    """The settings of each run: the block's own tp/pp/dp, or each of its `layouts` over them."""
+    if not m.get("layouts"):
+        return [m]
+    # An entry's dp defaults to the node's remaining GPUs, not to the block's dp.
+    return [{**m, "dp": None, "vpp": None, **entry} for entry in m["layouts"]]
+
+
+def check_layouts(m: dict, gpus_per_node: int) -> None:
+    """ConfigError naming the first layout the node cannot hold (the planner's is chosen to fit)."""
+    for entry in m.get("layouts") or []:
+        if entry.get("planner") and set(entry) - {"planner"}:
+            raise mlrepro_config.ConfigError(f"baseline: megatron: layouts: {entry}: planner: true takes no other key")
+    for entry in entries(m):
+        if not entry.get("planner"):
+            layout_of(entry, gpus_per_node)
+
+
+def planner_layout(model: str, gbs: int, attention: str, facts) -> Layout:
+    """The layout `mlrepro plan` chooses for the model at this GBS on these GPUs."""
+    from mlrepro.plan import search
+
+    try:
+        return search.plan(workloads.gpt(model, gbs, flash_attention=attention == "sdpa"), facts, top=1).best.layout
+    except search.PlanError as exc:
+        raise mlrepro_config.ConfigError(f"baseline: megatron: the planner finds no layout: {exc}") from None
+
+
+def predicted_iter_s(model: str, lay: Layout, attention: str, facts) -> float:
+    """The planner's step time for this layout (plan.cost, the figures `mlrepro plan` would use now)."""
+    from mlrepro.plan import cost
+
+    w = workloads.gpt(model, lay.gbs, flash_attention=attention == "sdpa")
+    return cost.estimate(w, lay, facts.with_gpus(lay.gpus)).total
 
 
 def predicted(model: str, lay: Layout, attention: str, vocab: int | None = None,
@@ -147,7 +183,7 @@ def row_from_log(log_path: Path, *, model: str, precision: str, lay: Layout, gpu
             peak = None
     t = megatron_score.throughput(parsed, gpus=lay.gpus, seq_length=shape.seq, peak_tflops=peak)
     row = {"workload": "megatron", "model": model, "vocab": shape.vocab, "precision": precision, "attention": attention,
-           "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "mbs": lay.mbs, "gbs": lay.gbs, "seq": shape.seq,
+           "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "vpp": lay.vpp, "mbs": lay.mbs, "gbs": lay.gbs, "seq": shape.seq,
            "gpu": gpu, "peak_tflops": peak, "log": str(log_path)}
     last = parsed.iterations[-1] if parsed.iterations else None
     if last is None or not t["iter_time_s"]:
@@ -187,8 +223,9 @@ def gpu_name(preflight: dict, system: mlrepro_config.System) -> str | None:
 
 
 def run(settings: mlrepro_config.Settings, b: dict, precision: str, preflight_json: Path, out_json: Path,
-        megatron_log_path: Path) -> dict:
-    """One Megatron baseline run (or the row saying why not); writes out_json and returns the row."""
+        megatron_log_path: Path) -> dict | list[dict]:
+    """The Megatron baseline run(s) of one precision (or the row saying why not); writes out_json, the row
+    or, with `layouts:`, the list of rows (one per layout, run one after the other)."""
     system, root = settings.system, settings.root
     m = b["megatron"]
     model = model_of(root, m["benchmark"])
@@ -200,9 +237,53 @@ def run(settings: mlrepro_config.Settings, b: dict, precision: str, preflight_js
         atomic_write_json(out_json, row)
         return row
     pre = healthy_record(Path(preflight_json))
-    lay = layout_of(m, system.gpus_per_node)
     megatron_dir = ensure_megatron(settings, m["benchmark"])
-    launch_file = out_json.with_suffix(".launch.sh")
+    # The figures `mlrepro plan` would use now: the datasheet's, with what this preflight measured
+    # (None for a system file without them: no prediction, and no planner's layout to run).
+    try:
+        facts = hardware.from_system(system, root)
+    except hardware.HardwareUnknown:
+        facts = None
+    many = bool(m.get("layouts"))
+    rows, failures, logs = [], [], []
+    for entry in entries(m):
+        if entry.get("planner"):
+            if facts is None:
+                raise mlrepro_config.ConfigError(f"baseline: megatron: layouts: planner: config/systems/{system.name}.yaml "
+                                                 "has no hardware: figures for the planner")
+            lay = planner_layout(model, m["gbs"], m["attention"], facts.with_gpus(system.gpus_per_node))
+        else:
+            lay = layout_of(entry, system.gpus_per_node)
+        tag = f".tp{lay.tp}pp{lay.pp}dp{lay.dp}mbs{lay.mbs}" + (f"vpp{lay.vpp}" if lay.vpp > 1 else "") if many else ""
+        log_path = megatron_log_path.with_name(megatron_log_path.stem + tag + megatron_log_path.suffix)
+        row, failed = one_run(settings, m, model, lay, precision, pre, megatron_dir,
+                              out_json.with_name(out_json.stem + tag + ".launch.sh"), log_path)
+        row["planner_choice"] = bool(entry.get("planner"))
+        if facts is not None:
+            row["predicted_iter_time_s"] = round(predicted_iter_s(model, lay, m["attention"], facts), 4)
+        if row.get("iter_time_s") and row.get("predicted_iter_time_s"):
+            row["iter_time_error_pct"] = round(100 * (row["predicted_iter_time_s"] - row["iter_time_s"])
+                                               / row["iter_time_s"], 1)
+        if failed:
+            failures.append(failed)
+            row.setdefault("error", failed)
+        rows.append(row)
+        logs.append(f"{lay.short()}: {log_path.name}")
+    if many:
+        atomic_write_text(megatron_log_path, "one Megatron-LM log per layout:\n" + "\n".join(logs) + "\n")
+    if failures and (not many or len(failures) == len(rows)):
+        # No row file: a rerun runs it again rather than trusting a failed measurement.
+        raise RuntimeError(f"Megatron-LM baseline run ({precision}) failed: {'; '.join(failures)}; "
+                           f"Megatron's log: {megatron_log_path}")
+    result = rows if many else rows[0]
+    atomic_write_json(out_json, result)
+    return result
+
+
+def one_run(settings: mlrepro_config.Settings, m: dict, model: str, lay: Layout, precision: str, pre: dict,
+            megatron_dir: Path, launch_file: Path, megatron_log_path: Path) -> tuple[dict, str | None]:
+    """One Megatron-LM run of the layout under its timeout: (its row, why it failed or None)."""
+    system = settings.system
     line = megatron_launch.torchrun_line(launch_run(model, lay, m, precision), nproc=lay.gpus)
     atomic_write_text(launch_file, line + "\n")
     megatron_log_path.unlink(missing_ok=True)
@@ -223,9 +304,5 @@ def run(settings: mlrepro_config.Settings, b: dict, precision: str, preflight_js
                        attention=m["attention"])
     row |= {"benchmark": m["benchmark"], "launch": str(launch_file)}
     log.info("megatron %s: %s", precision, json.dumps(row))
-    if failed or "error" in row:
-        # No row file: a rerun runs it again rather than trusting a failed measurement.
-        why = "; ".join(x for x in (row.get("error"), failed) if x)
-        raise RuntimeError(f"Megatron-LM baseline run ({precision}) failed: {why}; Megatron's log: {megatron_log_path}")
-    atomic_write_json(out_json, row)
-    return row
+    why = "; ".join(x for x in (row.get("error"), failed) if x) or None
+    return row, why

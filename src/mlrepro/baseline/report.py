@@ -14,7 +14,14 @@ COLUMNS = {
     "iter_time_s": "Iteration Time (s)", "samples_per_s": "Throughput (samples/s)",
     "tflops_per_gpu": "Achieved TFLOPs (per GPU)", "mfu_pct": "MFU (%)", "peak_mem_gib": "Peak Memory (GiB/GPU)",
     "predicted_mem_gib": "Predicted Memory (GiB)", "mem_error_pct": "Memory Error (%)",
+    "predicted_iter_time_s": "Predicted Iteration Time (s)", "iter_time_error_pct": "Iteration Time Error (%)",
 }
+
+
+def layout_name(r) -> str:
+    vpp = getattr(r, "vpp", None)
+    extra = f" VPP{int(vpp)}" if isinstance(vpp, (int, float)) and vpp == vpp and vpp > 1 else ""
+    return f"TP{r.tp} PP{r.pp} DP{r.dp}{extra}" + (" (planner's choice)" if getattr(r, "planner_choice", False) is True else "")
 
 
 def table(doc: dict):
@@ -23,7 +30,7 @@ def table(doc: dict):
     df = pd.DataFrame(doc["runs"])
     df["mfu_pct"] = (100 * df["mfu"].astype(float)).round(1)
     if {"tp", "pp", "dp"} <= set(df):
-        df["layout"] = [f"TP{r.tp} PP{r.pp} DP{r.dp}" for r in df.itertuples()]
+        df["layout"] = [layout_name(r) for r in df.itertuples()]
     peak = df["peak_tflops"].iloc[0] if "peak_tflops" in df else None
     cols = [c for c in COLUMNS if c in df]
     return df[cols].rename(columns={**COLUMNS, "mfu_pct": f"MFU (% of {peak:g} TFLOP/s)" if peak else "MFU (%)"})

@@ -124,9 +124,22 @@ def _parse(raw) -> tuple[object, str | None]:
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
     try:
-        return json.loads(line), None
+        doc = json.loads(line)
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON ({exc.msg} at column {exc.colno})" if line.strip() else "empty line (not a JSON object)"
+    except RecursionError:
+        return None, "nested too deeply to read"
+    # json lets a lone surrogate escape (\ud800) through; no tokenizer can encode it. orjson refuses
+    # those lines, so only here, on the slow path, is the text checked.
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    return None, (f"key {key!r} holds a lone surrogate (\\u{ord(value[exc.start]):04x}), "
+                                  f"which is no Unicode text")
+    return doc, None
 
 
 def line_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -253,9 +266,18 @@ def preprocess(options: Options, progress_stream=None) -> Result:
              encoder.backend, options.workers)
     result = Result(backend=encoder.backend)
     prefixes = {k: output_prefix(options.output_prefix, k) for k in options.json_keys}
-    for p in prefixes.values():
-        Path(p).parent.mkdir(parents=True, exist_ok=True)
-    writers = {k: indexed.IndexedWriter(f"{p}.bin.tmp", dtype) for k, p in prefixes.items()}
+    writers = {}
+    try:
+        for k, p in prefixes.items():
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+            writers[k] = indexed.IndexedWriter(f"{p}.bin.tmp", dtype)
+    except OSError as exc:
+        for k, w in writers.items():
+            w.close()
+            Path(f"{prefixes[k]}.bin.tmp").unlink(missing_ok=True)
+        where = exc.filename or options.output_prefix
+        raise InputError(f"--output-prefix {options.output_prefix}: cannot write there "
+                         f"({where}: {exc.strerror or exc})") from None
     progress = Progress(path.stat().st_size, progress_stream, options.log_interval)
     start = time.monotonic()
     ok = False

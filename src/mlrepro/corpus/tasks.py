@@ -31,7 +31,7 @@ from pathlib import Path
 
 from mlrepro import paths
 from mlrepro.corpus import blend, concat, extract, preprocess, shards
-from mlrepro.data import http
+from mlrepro.data import checks, http
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -159,9 +159,31 @@ def extract_group(corpus: dict, root: Path, downloaded: Path, g: int, out: Path)
     members = _group_shards(corpus, root, downloaded, g)
     srcs = [base / "shards" / m["name"] for m in members]
     ex = corpus["extract"]
-    outputs = extract.extract_all(srcs, base / "extracted", workers=ex["workers"], delete_compressed=ex["delete_compressed"])
+    outputs = extract.extract_all(srcs, base / "extracted", workers=ex["workers"], delete_compressed=ex["delete_compressed"],
+                                  refetch=lambda src, error: refetch_shard(corpus, root, src, error))
     atomic_write_json(out, {"group": g, "files": [{"name": p.name, "path": str(p), "size": p.stat().st_size}
                                                   for p in outputs]})
+
+
+def refetch_shard(corpus: dict, root: Path, src: Path, error: Exception) -> bool:
+    """Download again a shard that does not decompress (a transfer the server ended early gives a
+    complete-looking file); False for a shard of a local folder, which is the user's to mend."""
+    shard = next((s for s in shard_list(corpus, root) if s.name == src.name), None)
+    if shard is None or shard.is_local:
+        return False
+    log.warning("%s; downloading %s again", error, shard.name)
+    src.unlink(missing_ok=True)
+    dl, source = corpus["download"], corpus["source"]
+    token_env, hub = source.get("token_env"), source.get("hub")
+    if hub:
+        shards.fetch_hub_shards(hub, [shard], src.parent, workers=1, token_env=token_env or "HF_TOKEN",
+                                token_required=bool(token_env))
+    token = checks.require_token(token_env, purpose="download the corpus") if token_env and not hub else None
+    size = shards.fetch_shard(shard, src, retries=dl["retries"], token=token,
+                              expected=(_manifest(corpus, root) or {}).get(shard.name))
+    if size is None:
+        raise extract.ExtractError(f"{error}; downloading it again failed: the source no longer has {shard.source}")
+    return True
 
 
 def concat_group(corpus: dict, group_record: Path, out: Path) -> None:

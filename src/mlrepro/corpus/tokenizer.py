@@ -11,6 +11,7 @@ tokenizer or disagrees, the `tokenizers` library encodes instead and the log say
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,33 @@ def _require(path: str | None, flag: str, kind: str) -> Path:
     p = Path(path)
     if not p.exists():
         raise TokenizerError(f"{flag} {path}: no such file")
+    if flag != "--tokenizer-model" and not p.is_file():  # a FIFO would block the read forever
+        raise TokenizerError(f"{flag} {path}: not a regular file")
     return p
+
+
+def check_gpt2_files(vocab: Path, merges: Path) -> None:
+    """What the BPE readers only say without naming the file: vocab.json must map tokens to ids,
+    merges.txt must be text."""
+    try:
+        data = json.loads(vocab.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"--vocab-file {vocab}: not UTF-8 (byte {exc.start})") from None
+    except (ValueError, RecursionError) as exc:
+        raise TokenizerError(f"--vocab-file {vocab}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise TokenizerError(f"--vocab-file {vocab}: cannot read: {exc.strerror or exc}") from None
+    if not isinstance(data, dict) or not data:
+        raise TokenizerError(f"--vocab-file {vocab}: not a JSON object of token: id (GPT-2's vocab.json)")
+    bad = next((k for k, v in data.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0), None)
+    if bad is not None:
+        raise TokenizerError(f"--vocab-file {vocab}: token {bad!r} has id {data[bad]!r}, not a non-negative integer")
+    try:
+        merges.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"--merge-file {merges}: not UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
+        raise TokenizerError(f"--merge-file {merges}: cannot read: {exc.strerror or exc}") from None
 
 
 def _hf_tokenizer(tokenizer_type: str, vocab_file: str | None, merge_file: str | None, tokenizer_model: str | None):
@@ -143,7 +170,8 @@ def load(tokenizer_type: str, *, vocab_file: str | None = None, merge_file: str 
     except TokenizerError:
         raise
     except Exception as exc:
-        raise TokenizerError(f"cannot build the {tokenizer_type} tokenizer: {exc}") from None
+        files = ", ".join(str(f) for f in (vocab_file, merge_file, tokenizer_model) if f)
+        raise TokenizerError(f"cannot build the {tokenizer_type} tokenizer from {files}: {exc}") from None
     giga, why = _gigatoken(backend, reference) if use_gigatoken else (None, "gigatoken not requested")
     if giga is not None:
         return Encoder(tokenizer_type, vocab_size, eod, "gigatoken", giga)
@@ -160,6 +188,7 @@ def _reference(tokenizer_type: str, vocab_file: str | None, merge_file: str | No
     if tokenizer_type == "GPT2BPETokenizer":
         vocab = _require(vocab_file, "--vocab-file", tokenizer_type)
         merges = _require(merge_file, "--merge-file", tokenizer_type)
+        check_gpt2_files(vocab, merges)
         backend = gpt2_backend(str(vocab), str(merges))
         if backend is not None:
             return (backend, backend.get_vocab_size(with_added_tokens=True), backend.token_to_id(EOD_GPT2),

@@ -47,6 +47,21 @@ def latest(folder: Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
+# Megatron-LM's --save folder: iter_<NNNNNNN>/ per checkpoint and this file, which it writes once a
+# save is complete (megatron/training/checkpointing.py), naming the last one.
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def latest_step(folder: Path) -> int:
+    """The step of the last complete checkpoint in `folder`, ours (step_N/) or Megatron-LM's; 0 for none."""
+    last = latest(folder)
+    step = last.step if last else 0
+    try:
+        return max(step, int((Path(folder) / MEGATRON_TRACKER).read_text().strip()))
+    except (OSError, ValueError):  # no Megatron checkpoint, or its 'release' marker
+        return step
+
+
 def save(folder: Path, step: int, write, meta: dict) -> Path:
     """Write a checkpoint atomically: `write(tmp_dir)` fills a temporary folder that is then renamed."""
     folder = Path(folder)

@@ -10,6 +10,7 @@ document adds no sequence and repeats the last document index, as Megatron's too
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -99,11 +100,21 @@ class IndexedWriter:
 
 
 class IndexedReader:
-    """Read a Megatron indexed dataset: `len(r)` sequences, `r[i]` the tokens of sequence i."""
+    """Read a Megatron indexed dataset: `len(r)` sequences, `r[i]` the tokens of sequence i.
+
+    Everything the index says is checked before a token is read, and every error names the file:
+    the header, that the arrays fill the .idx exactly, that each pointer is where the lengths
+    before it put it (Megatron's writer leaves no gaps), that the .bin holds exactly those tokens,
+    and that the document indices start at 0, never go back and end at the sequence count. Only
+    regular files are opened (a FIFO would block the open forever).
+    """
 
     def __init__(self, prefix: str | os.PathLike) -> None:
         bin_path, idx_path = paths(prefix)
-        raw = idx_path.read_bytes()
+        raw = _read_regular(idx_path)
+        if len(raw) < HEADER_BYTES:
+            raise IndexedFormatError(f"{idx_path}: {len(raw)} bytes, shorter than the {HEADER_BYTES}-byte header "
+                                     f"(truncated?)")
         if raw[:9] != MAGIC:
             raise IndexedFormatError(f"{idx_path}: not a Megatron index (magic {raw[:9]!r})")
         (version,) = struct.unpack_from("<Q", raw, 9)
@@ -114,21 +125,25 @@ class IndexedReader:
             raise IndexedFormatError(f"{idx_path}: unknown dtype code {code}")
         self.dtype = CODE_DTYPES[code]
         seq_count, doc_count = struct.unpack_from("<QQ", raw, 18)
-        offset = 34
+        expected = HEADER_BYTES + 12 * seq_count + 8 * doc_count  # int32 + int64 per sequence, int64 per document
+        if expected != len(raw):
+            raise IndexedFormatError(
+                f"{idx_path}: {len(raw)} bytes, but {seq_count} sequences and {doc_count} document indices take "
+                f"{expected} (truncated, or multimodal modes, which are not supported)")
+        offset = HEADER_BYTES
         self.sequence_lengths = np.frombuffer(raw, "<i4", seq_count, offset)
         offset += 4 * seq_count
         self.sequence_pointers = np.frombuffer(raw, "<i8", seq_count, offset)
         offset += 8 * seq_count
         self.document_indices = np.frombuffer(raw, "<i8", doc_count, offset)
-        offset += 8 * doc_count
-        if offset != len(raw):
-            raise IndexedFormatError(f"{idx_path}: {len(raw) - offset} bytes after the document indices "
-                                     f"(multimodal modes are not supported)")
         itemsize = np.dtype(self.dtype).itemsize
+        _check_arrays(idx_path, self.sequence_lengths, self.sequence_pointers, self.document_indices, itemsize)
         expected_bin = int(self.sequence_lengths.astype(np.int64).sum()) * itemsize
-        if bin_path.stat().st_size != expected_bin:
-            raise IndexedFormatError(f"{bin_path}: {bin_path.stat().st_size} bytes, the index describes {expected_bin}")
+        size = _regular_size(bin_path)
+        if size != expected_bin:
+            raise IndexedFormatError(f"{bin_path}: {size} bytes, the index {idx_path.name} describes {expected_bin}")
         self.tokens = np.memmap(bin_path, dtype=self.dtype, mode="r") if expected_bin else np.zeros(0, self.dtype)
+        self.bin_path, self.idx_path = bin_path, idx_path
 
     def __len__(self) -> int:
         return len(self.sequence_lengths)
@@ -139,6 +154,8 @@ class IndexedReader:
 
     def document(self, d: int) -> np.ndarray:
         """All tokens of document d (empty for an empty document)."""
+        if not 0 <= d < self.num_documents:
+            raise IndexError(f"{self.idx_path}: document {d} of {self.num_documents}")
         first, last = int(self.document_indices[d]), int(self.document_indices[d + 1])
         if first == last:
             return np.zeros(0, self.dtype)
@@ -147,3 +164,55 @@ class IndexedReader:
     @property
     def num_documents(self) -> int:
         return len(self.document_indices) - 1
+
+
+HEADER_BYTES = 34
+
+
+def _check_arrays(idx_path: Path, lengths: np.ndarray, pointers: np.ndarray, doc_index: np.ndarray,
+                  itemsize: int) -> None:
+    if len(lengths) and int(lengths.min()) < 0:
+        i = int(np.argmax(lengths < 0))
+        raise IndexedFormatError(f"{idx_path}: sequence {i} has length {int(lengths[i])}")
+    expected = np.zeros(len(lengths), np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1].astype(np.int64) * itemsize, out=expected[1:])
+    if not np.array_equal(pointers, expected):
+        i = int(np.argmax(pointers != expected))
+        raise IndexedFormatError(f"{idx_path}: sequence {i} starts at byte {int(pointers[i])} of the .bin, "
+                                 f"but the lengths before it put it at {int(expected[i])}")
+    if len(doc_index) == 0 or int(doc_index[0]) != 0:
+        raise IndexedFormatError(f"{idx_path}: the document indices do not start at 0")
+    steps = np.diff(doc_index)
+    if len(steps) and int(steps.min()) < 0:
+        i = int(np.argmax(steps < 0)) + 1
+        raise IndexedFormatError(f"{idx_path}: document index {i} ({int(doc_index[i])}) goes back from "
+                                 f"{int(doc_index[i - 1])}")
+    if int(doc_index[-1]) != len(lengths):
+        raise IndexedFormatError(f"{idx_path}: the document indices end at {int(doc_index[-1])}, "
+                                 f"not at the {len(lengths)} sequences")
+
+
+def _open_regular(path: Path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise IndexedFormatError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IndexedFormatError(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_regular(path: Path) -> bytes:
+    with _open_regular(path) as fh:
+        return fh.read()
+
+
+def _regular_size(path: Path) -> int:
+    with _open_regular(path) as fh:
+        return os.fstat(fh.fileno()).st_size

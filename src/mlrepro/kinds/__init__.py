@@ -3,6 +3,7 @@ Megatron-LM pretraining run (kinds.megatron). `of(bench)` gives the benchmark's 
 
     plan_seed(settings, benchmark, seed) -> SeedPlan     the plan the seed runs (mlrepro.launch.job)
     dag_plan(settings, benchmark, seed) -> SeedPlan      what `snakemake -n` shows and reserves for it
+    dag_plans(settings, benchmark) -> {seed: SeedPlan}   dag_plan of every listed seed, planned together
     prepare(settings, benchmark, seed) -> SeedPlan       the plan, with what it runs put in place
     implementation_folder(bench, system) -> Path         the folder the seeds run and the image is built from
     corpus_folder(root, bench) -> Path | None            the corpus whose blend the seeds read

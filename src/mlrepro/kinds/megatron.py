@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
-from mlrepro.launch import job
+from mlrepro.launch import chain, job
 from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_source
 from mlrepro.scoring import megatron_log
 from mlrepro.util.fsutil import atomic_dir, atomic_write_text
@@ -45,7 +45,10 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     if seed not in bench.seeds:
         raise mlrepro_config.ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
     overrides = settings.pretrain_overrides
-    p = megatron_plan.shaped(megatron_plan.first_fit(root, bench, system.name), overrides)
+    try:
+        p = megatron_plan.shaped(megatron_plan.chosen(root, bench, system.name, overrides), overrides)
+    except megatron_plan.Refused as exc:
+        raise mlrepro_config.ConfigError(str(exc)) from None
     if prepared and p.variant.launcher != "megatron":  # never train something other than what the plan showed
         raise mlrepro_config.ConfigError(
             f"{benchmark}: layout {p.variant.name} is {p.variant.launcher}'s own command (`snakemake -n` and "
@@ -56,11 +59,23 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     lay, per_node = p.layout, system.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
     slurm = system.scheduler == "slurm"
+    # A benchmark with `segments:` checkpoints with Megatron-LM's own --save/--load into the seed's
+    # checkpoints/; under a job limit it runs as a chain of jobs, each stopped by Megatron's own clock
+    # (run_and_time.sh turns JOB_SECONDS into --exit-duration-in-mins).
+    limits = chain.limits(bench.segments, system.max_job_minutes)
+    save = {}
+    if limits is not None:
+        save = {"save": str(seed_dir / chain.CHECKPOINTS),
+                "save_interval": int(overrides.get("save_interval") or megatron_launch.Run.eval_interval)}
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(megatron_dir(root, benchmark))}
+    walltime = megatron_plan.job_minutes(p, overrides)
+    if limits is not None:
+        env |= chain.run_env(limits, seed_dir)
+        walltime = chain.walltime_minutes(limits, walltime)
     description = ""
     if prepared:
-        run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"))
+        run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"), **save)
         if slurm:
             env |= {"MEGATRON_ARGS_FILE": str(seed_dir / ARGS_FILE), "DATADIR": str(corpus_dir.resolve()),
                     "CONT": str(overrides.get("image") or "${CONT}")}
@@ -75,7 +90,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
         benchmark=benchmark, seed=seed, scheduler=system.scheduler, implementation_dir=bench.implementation_dir,
         config_file=bench.source, dgxsystem=p.variant.name,
         nodes=nodes, gpus_per_node=min(lay.gpus, per_node),
-        walltime_minutes=megatron_plan.job_minutes(p, overrides),
+        walltime_minutes=walltime,
         seed_dir=seed_dir, env=env, job_name=job.job_name(benchmark, seed, seed_dir),
         description=description, gpus=lay.gpus)
     return job.with_sbatch(plan, system)
@@ -84,6 +99,11 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
 def dag_plan(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> job.SeedPlan:
     """What the DAG shows and reserves for a seed: the dry run's lines; one core per rank here."""
     return plan_seed(settings, benchmark, seed, prepared=False)
+
+
+def dag_plans(settings: mlrepro_config.Settings, benchmark: str) -> dict[int, job.SeedPlan]:
+    """dag_plan of every seed the benchmark lists."""
+    return {seed: dag_plan(settings, benchmark, seed) for seed in settings.benchmark(benchmark).seeds}
 
 
 def prepare(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> job.SeedPlan:
@@ -157,7 +177,8 @@ def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmar
     from mlrepro.scoring import megatron_score, rules as scoring_rules
 
     rules = scoring_rules.for_benchmark(bench)
-    gpus = plan.ranks if plan else megatron_plan.first_fit(settings.root, bench, settings.system.name).layout.gpus
+    gpus = plan.ranks if plan else megatron_plan.chosen(settings.root, bench, settings.system.name,
+                                                         settings.pretrain_overrides).layout.gpus
     return megatron_score.score_training_log(log_path, target_loss=rules.target_value, seed=seed,
                                              benchmark=rules.benchmark, gpus=gpus,
                                              gpu=settings.system.hardware.get("gpu"))

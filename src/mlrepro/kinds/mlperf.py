@@ -61,44 +61,54 @@ def _plannable(bench: Benchmark) -> bool:
 def plan_seed(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
     """The seed's plan: run_and_time.sh with the environment config_<SYS>.sh exports, plus the data's
     places, SEED and the chain's settings of a checkpointing benchmark; run.sub's sbatch line on Slurm."""
+    return plan_seeds(settings, benchmark, [seed])[seed]
+
+
+def plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.SeedPlan]:
+    """plan_seed of each of `seeds`, with what every seed shares (the config, the stages' recorded
+    places, the chain's limits) read once: the DAG plans every seed of a benchmark at once."""
     bench = settings.benchmark(benchmark)
-    if seed not in bench.seeds:
-        raise ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
+    for seed in seeds:
+        if seed not in bench.seeds:
+            raise ConfigError(f"seed {seed} is not a seed of {benchmark} (seeds: {list(bench.seeds)})")
     system = settings.system
     cfg = implementation_config(bench, system)
     root = settings.root
-    seed_dir = paths.seed_dir(root, benchmark, seed)
     places = {stage: str(paths.stage_location(root, benchmark, stage)) for stage in paths.STAGE_FOLDERS}
     places["corpus"] = str(paths.corpus_dir(root, bench.corpus or "none"))
-    env = {
+    shared_env = {
         **cfg.env,
         **bench.env,
         **{key: value.format(**places) for key, value in bench.run_env.items()},
         "DGXSYSTEM": cfg.dgxsystem,
-        "SEED": str(seed),
-        "NEXP": "1",
     }
-    walltime = cfg.walltime_min
     chain_limits = chain.limits(bench.segments, system.max_job_minutes)
-    if chain_limits is not None:  # a checkpointing pretraining run: each job is one segment of the seed
-        env.update(chain.run_env(chain_limits, seed_dir))
-        walltime = chain.walltime_minutes(chain_limits, walltime)
-    plan = job.SeedPlan(
-        benchmark=benchmark,
-        seed=seed,
-        scheduler=system.scheduler,
-        implementation_dir=cfg.path.parent,
-        config_file=cfg.path,
-        dgxsystem=cfg.dgxsystem,
-        nodes=cfg.nodes,
-        gpus_per_node=cfg.gpus_per_node,
-        walltime_minutes=walltime,
-        seed_dir=seed_dir,
-        env=env,
-        job_name=job.job_name(benchmark, seed, seed_dir),
-        generated=_generated(cfg.path),
-    )
-    return job.with_sbatch(plan, system)
+    generated = _generated(cfg.path)
+    plans = {}
+    for seed in seeds:
+        seed_dir = paths.seed_dir(root, benchmark, seed)
+        env = {**shared_env, "SEED": str(seed), "NEXP": "1"}
+        walltime = cfg.walltime_min
+        if chain_limits is not None:  # a checkpointing pretraining run: each job is one segment of the seed
+            env.update(chain.run_env(chain_limits, seed_dir))
+            walltime = chain.walltime_minutes(chain_limits, walltime)
+        plan = job.SeedPlan(
+            benchmark=benchmark,
+            seed=seed,
+            scheduler=system.scheduler,
+            implementation_dir=cfg.path.parent,
+            config_file=cfg.path,
+            dgxsystem=cfg.dgxsystem,
+            nodes=cfg.nodes,
+            gpus_per_node=cfg.gpus_per_node,
+            walltime_minutes=walltime,
+            seed_dir=seed_dir,
+            env=env,
+            job_name=job.job_name(benchmark, seed, seed_dir),
+            generated=generated,
+        )
+        plans[seed] = job.with_sbatch(plan, system)
+    return plans
 
 
 def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, mllog_out: Path) -> None:
@@ -152,6 +162,14 @@ def dag_plan(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
     return plan_seed(settings, benchmark, seed)
 
 
+def dag_plans(settings: Settings, benchmark: str) -> dict[int, job.SeedPlan]:
+    """dag_plan of every seed the benchmark lists, planned together (what they share is read once)."""
+    bench = settings.benchmark(benchmark)
+    if not implementation_known(settings.root, bench):
+        return {seed: dag_plan(settings, benchmark, seed) for seed in bench.seeds}
+    return plan_seeds(settings, benchmark, bench.seeds)
+
+
 def prepare(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
     """The plan the seed runs; an MLPerf seed has nothing to put in place beyond it."""
     return plan_seed(settings, benchmark, seed)
@@ -183,3 +201,21 @@ def config_in_use(bench: Benchmark, system: System) -> dict | None:
     except ConfigError:
         return None
     return {"file": config_path.name, "generated": _generated(config_path)}
+
+
+def check_target(bench: Benchmark, system: System) -> None:
+    """The implementation stops at its own TARGET_EVAL_LOSS; a benchmark file that scores another target
+    would call every run unconverged (or converged too early) once the seeds have trained."""
+    cfg = implementation_config(bench, system)
+    given = bench.env.get("TARGET_EVAL_LOSS", cfg.env.get("TARGET_EVAL_LOSS"))
+    if given is None:
+        return
+    try:
+        theirs = float(given)
+    except ValueError:
+        return  # not a number: the implementation's own check says so when it starts
+    ours = float(bench.target["value"])
+    if abs(theirs - ours) > 1e-9 * max(1.0, abs(ours)):
+        raise ConfigError(f"{bench.source.relative_to(bench.source.parents[2])}: target.value {ours:g} contradicts the "
+                          f"implementation's TARGET_EVAL_LOSS={given} ({cfg.path.name}): its runs stop at their own "
+                          f"target; make them equal (or set env: TARGET_EVAL_LOSS)")

@@ -15,7 +15,7 @@ from pathlib import Path
 from mlrepro import config as mlrepro_config
 from mlrepro import kinds
 from mlrepro.config import Benchmark, ConfigError, Settings, System
-from mlrepro.kinds.mlperf import implementation_known
+from mlrepro.kinds.mlperf import check_target, implementation_known
 
 
 def gpus(system: System) -> int:
@@ -56,9 +56,12 @@ def fitting_systems(root: Path, bench: Benchmark, *, with_implementation: bool) 
 def check(settings: Settings, name: str) -> Benchmark:
     """The benchmark, if the chosen system can run it; else ConfigError with the systems that can."""
     bench = settings.benchmark(name)
+    check_ruleset(bench)
     known = implementation_known(settings.root, bench)
     missing = unmet(settings.root, bench, settings.system, with_implementation=known)
     if not missing:
+        if known and not bench.is_pretrain:
+            check_target(bench, settings.system)
         return bench
     system = settings.system
     fits = fitting_systems(settings.root, bench, with_implementation=known)
@@ -69,3 +72,14 @@ def check(settings: Settings, name: str) -> Benchmark:
                   "and pick it with --config system=<name>")
     raise ConfigError(f"{name} cannot run on system '{system.name}' (config/systems/{system.name}.yaml): "
                       f"{'; '.join(m.rstrip('.') for m in missing)}.\n{advice}.")
+
+
+def check_ruleset(bench: Benchmark) -> None:
+    """A ruleset the installed mlperf_logging does not have would fail only when the first seed is scored."""
+    from mlrepro.scoring import checkers
+
+    known = checkers.supported_rulesets()
+    if bench.ruleset is not None and bench.ruleset not in known:
+        raise ConfigError(f"config/benchmarks/{bench.name}.yaml: ruleset: mlperf_logging "
+                          f"{checkers.mlperf_logging_version()} has no training ruleset '{bench.ruleset}' "
+                          f"(it has {', '.join(sorted(known))})")

@@ -85,8 +85,7 @@ def read_state(seed_dir: Path) -> dict:
 
 
 def _step(folder: Path) -> int:
-    last = checkpoints.latest(folder)
-    return last.step if last else 0
+    return checkpoints.latest_step(folder)
 
 
 class ChainStalled(RuntimeError):

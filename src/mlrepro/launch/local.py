@@ -62,6 +62,9 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
     marker = child_env[proctree.MARKER]
     hide = secrets.redactor(child_env)
     write_error: list[str] = []
+    if "CUDA_VISIBLE_DEVICES" in env:
+        # The quick preflight measures in this process, whose GPUs submitit renumbered from 0 (given_gpus).
+        os.environ["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
     if preflight_failed(Path(log_path)):
         return PREFLIGHT_EXIT
     with open(log_path, "ab") as out:
@@ -141,6 +144,20 @@ def _environ(**values: str):
                 os.environ[k] = v
 
 
+def given_gpus(parent: str | None, gpus: int) -> dict[str, str]:
+    """The GPUs the seed's job runs on: those this process was given. submitit's LocalExecutor numbers a
+    job's GPUs from 0 (CUDA_VISIBLE_DEVICES=0,1,..) whatever this process's CUDA_VISIBLE_DEVICES says, so a
+    workflow given GPUs 2,3 of a node (Slurm's --gpus on a shared node, two lanes of one machine) would
+    train on GPUs 0,1, someone else's."""
+    if parent is None or gpus < 1:
+        return {}
+    given = [d.strip() for d in parent.split(",") if d.strip()]
+    if len(given) < gpus:
+        raise SeedFailed(f"the seed needs {gpus} GPU(s); CUDA_VISIBLE_DEVICES={parent!r} gives {len(given)}",
+                         retry=False)
+    return {"CUDA_VISIBLE_DEVICES": ",".join(given[:gpus])}
+
+
 def stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
     """Whatever an earlier attempt or a killed workflow left running would race the new
     attempt: stop it all, and start nothing while any of it is left."""
@@ -192,7 +209,8 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
                                    signal_delay_s=5)
         env = run_env(plan, logdir, DATESTAMP=time.strftime("%y%m%d%H%M%S"), **{proctree.MARKER: ours},
-                       **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu" else {}))
+                       **({"CUDA_VISIBLE_DEVICES": ""} if system.device == "cpu"
+                          else given_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)))
         watchdog = proctree.start_watchdog(ours)
         # submitit's controller and job inherit os.environ: with the marker they are the seed's too.
         with _environ(**{proctree.MARKER: ours}):

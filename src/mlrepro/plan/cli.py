@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of GPU memory a plan may fill (default %(default)s)")
     parser.add_argument("--mfu", type=float,
                         help="model FLOPs utilisation of the datasheet peak to assume (default: the baseline stage's "
-                             "measured one, else preflight's matmul rate x 0.632, else the system's, else 0.484)")
+                             "measured one, else preflight's matmul rate x 0.704, else the system's, else 0.484)")
     parser.add_argument("--datasheet", action="store_true",
                         help="plan with the system file's figures only, not those measured under results/")
     parser.add_argument("--top", type=int, default=10, help="plans to list (default %(default)s)")

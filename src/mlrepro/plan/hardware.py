@@ -23,9 +23,10 @@ from mlrepro.gpus import gpu_model
 # Plain compiled GPT-1.3B step on one H100, DESIGN.md section 8: 48.4% of 989 TFLOP/s. The
 # planner's absolute times scale with it; rankings depend on it only through compute vs comms.
 DEFAULT_MFU = 0.484
-# The same H100 multiplied bf16 8192^3 matrices at 758 TFLOP/s (DESIGN.md section 8), so that step
-# ran at 479 / 758 = 63.2% of the measured matmul rate: how preflight's matmul figure becomes an MFU.
-STEP_SHARE_OF_MATMUL = DEFAULT_MFU * 989 / 758
+# Preflight's bf16 8192^3 matmul rate of a healthy H100 in the power-capped steady state is 680 TFLOP/s
+# (gpus.GpuModel.measured_matmul_tflops), so that step ran at 479 / 680 = 70.4% of it: how preflight's
+# matmul figure becomes an MFU.
+STEP_SHARE_OF_MATMUL = DEFAULT_MFU * 989 / 680
 GIB = 2 ** 30
 
 

@@ -65,7 +65,7 @@ def layer_activation_bytes(w: Workload, lay: Layout) -> tuple[float, float]:
     --attention-dropout 0 --hidden-dropout 0; the benchmarks are planned so too): 32sbh + 2as^2b.
     The last measured point (GPT-1.3B, MBS 4, scores materialised, one H200: 66.6 GB) is predicted
     at 67.5 GB without dropout and at 106.9 GB with it: that run stored no dropout masks, and the
-    model matches it only under that assumption (tests/test_plan.py). Flash attention never
+    model matches it only under that assumption (tests/unit/plan/test_plan.py). Flash attention never
     stores the s x s scores, with or without dropout (it regenerates the mask from the RNG state).
     """
     m, tr = w.model, w.training

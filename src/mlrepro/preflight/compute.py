@@ -1,4 +1,5 @@
-"""Per-GPU bf16 matmul TFLOP/s and device-memory copy TB/s, measured with plain PyTorch."""
+"""Per-GPU bf16 matmul TFLOP/s (the power-capped steady state, mlrepro.preflight.matmul) and
+device-memory copy TB/s, measured with plain PyTorch."""
 
 from __future__ import annotations
 
@@ -21,19 +22,6 @@ def _timed(torch, fn, seconds: float) -> float:
             return elapsed / n
 
 
-def matmul_tflops(index: int, n: int = 8192, seconds: float = 2.0) -> float:
-    """bf16 n x n x n matmul on GPU `index` (2n^3 FLOPs per call)."""
-    import torch
-
-    with torch.cuda.device(index):
-        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-        c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-        t = _timed(torch, lambda: torch.matmul(a, b, out=c), seconds)
-        torch.cuda.empty_cache()
-    return 2 * n ** 3 / t / 1e12
-
-
 def copy_tbps(index: int, nbytes: int = 1 << 30, seconds: float = 1.0) -> float:
     """Device-to-device copy of `nbytes` on GPU `index`; each copy reads and writes it (2 x nbytes moved)."""
     import torch
@@ -46,7 +34,13 @@ def copy_tbps(index: int, nbytes: int = 1 << 30, seconds: float = 1.0) -> float:
     return 2 * nbytes / t / 1e12
 
 
-def measure(indices: list[int], seconds: float = 2.0) -> dict[int, dict]:
-    """{index: {"matmul_bf16_tflops", "copy_tbps"}} for each GPU, one after the other."""
-    return {i: {"matmul_bf16_tflops": round(matmul_tflops(i, seconds=seconds), 1),
-                "copy_tbps": round(copy_tbps(i, seconds=seconds / 2), 3)} for i in indices}
+def measure(indices: list[int], seconds: float = 2.0, nvml: dict[int, int] | None = None) -> dict[int, dict]:
+    """{torch index: {"matmul_bf16_tflops", ..., "copy_tbps"}} for each GPU, one after the other;
+    `nvml` maps a torch index to its NVML index (the clock and power read under load)."""
+    from mlrepro.preflight import matmul
+
+    nvml = nvml or {}
+    # The warm-up takes the boost-clock burst out of the window (0.25 s on an H200); a quick check's
+    # 0.3 s window gets as long a warm-up.
+    return {i: matmul.measure(i, seconds=seconds, warmup_s=min(0.5, seconds), nvml_index=nvml.get(i))
+            | {"copy_tbps": round(copy_tbps(i, seconds=seconds / 2), 3)} for i in indices}

@@ -41,8 +41,9 @@ def parse_query_csv(text: str) -> list[dict]:
     return rows
 
 
-def _nvml_one(pynvml, i: int) -> dict:
-    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+def _nvml_one(pynvml, i: int, nvml_index: int) -> dict:
+    """GPU `nvml_index` of the node, which torch numbers `i` in this process."""
+    h = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
 
     def safe(fn, *a):
         try:
@@ -56,7 +57,7 @@ def _nvml_one(pynvml, i: int) -> dict:
     procs = safe(pynvml.nvmlDeviceGetComputeRunningProcesses) or []
     power = safe(pynvml.nvmlDeviceGetPowerUsage)
     return {
-        "index": i, "name": name.decode() if isinstance(name, bytes) else name,
+        "index": i, "nvml_index": nvml_index, "name": name.decode() if isinstance(name, bytes) else name,
         "memory_gib": round(mem.total / 2**30, 2),
         "sm_clock_mhz": safe(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM),
         "sm_clock_max_mhz": safe(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM),
@@ -71,7 +72,13 @@ def _nvml_one(pynvml, i: int) -> dict:
 
 
 def collect() -> tuple[str | None, list[dict]]:
-    """(None, GPUs) through NVML; (reason, []) where there is no NVIDIA driver (a CPU machine)."""
+    """(None, GPUs) through NVML; (reason, []) where there is no NVIDIA driver (a CPU machine). The GPUs
+    are those CUDA_VISIBLE_DEVICES gives this process (all of the node when unset), indexed as torch
+    numbers them, each with its NVML index."""
+    import os
+
+    from mlrepro.preflight import visible
+
     try:
         import pynvml
 
@@ -79,7 +86,12 @@ def collect() -> tuple[str | None, list[dict]]:
     except Exception as exc:  # NVMLError_LibraryNotFound and friends: no driver here
         return f"no NVIDIA driver: {exc}", []
     try:
-        return None, [_nvml_one(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount())]
+        def uuid(i: int) -> str:
+            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            return u.decode() if isinstance(u, bytes) else u
+
+        chosen = visible.nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), pynvml.nvmlDeviceGetCount(), uuid)
+        return None, [_nvml_one(pynvml, i, n) for i, n in enumerate(chosen)]
     finally:
         pynvml.nvmlShutdown()
 

@@ -57,13 +57,15 @@ def host_record(settings: dict, expected_gpus: int | None, workdir: Path, raw_di
         except ValueError as exc:
             checks.append({"name": "topology", "verdict": "warn", "why": str(exc)})
     seconds = settings["quick_seconds" if quick else "compute_seconds"]
-    measured = compute.measure([g["index"] for g in found], seconds=seconds) if found else {}
+    measured = compute.measure([g["index"] for g in found], seconds=seconds,
+                               nvml={g["index"]: g.get("nvml_index", g["index"]) for g in found}) if found else {}
     own = {os.getpid()}
     rows = []
     for g in found:
         g.update(measured.get(g["index"], {}))
         g["verdict"], g["why"] = verdict.judge_gpu(g, gpus.health(g, own))
         rows.append(g)
+    verdict.judge_peers(rows)
     allreduce = {"tool": NA, "rows": []}
     if len(found) >= 2 and not quick:
         s = settings["sweep"]

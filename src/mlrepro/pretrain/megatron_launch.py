@@ -97,8 +97,17 @@ def pretrain_args(run: Run) -> list[str]:
              "--timing-log-level", "0"]
     if run.save:
         args += ["--save", run.save, "--load", run.save, "--save-interval", str(run.save_interval or run.train_iters)]
+        if run.local_impl:
+            # Without apex or TE, loading a torch_dist checkpoint of the distributed optimizer fails at the
+            # pinned commit: the load builds its template from the fresh optimizer's state_dict(), whose
+            # torch Adam has no 'step' yet (distrib_optimizer.py: assert len(steps) == 1; seen on 4x H200,
+            # every resumed segment). The legacy format loads the saved state dict without a template.
+            args += ["--ckpt-format", "torch"]
     if run.local_impl:
-        args += LOCAL_IMPL
+        # Sequence parallelism needs Transformer Engine's or apex's LayerNorm: Megatron's local layer
+        # (torch LayerNorm) refuses it ("sequence parallel not supported by torch LayerNorm"), so TP runs
+        # without it here, as the planner's memory model then counts.
+        args = [a for a in args if a != "--sequence-parallel"] + LOCAL_IMPL
     if run.sdpa:
         args += SDPA_SPEC
     return args + list(run.extra)

@@ -150,7 +150,7 @@ def data_mount(corpus_dir: Path, scheduler: str) -> str:
 
 
 def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention: str | None = None, *,
-             prepared: bool = True) -> megatron_launch.Run:
+             prepared: bool = True, save: str = "", save_interval: int = 0) -> megatron_launch.Run:
     """Seed `seed`'s Megatron-LM run of the planned benchmark. The one builder: the seed runs it
     (mlrepro.kinds.megatron.plan_seed) and the dry run and the plan command show it (launch_line), so what
     a plan shows is what the seed runs.
@@ -158,7 +158,8 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
     The data is the corpus stages' blend and tokenizer; it is already tokenized, so Megatron gets
     only the vocabulary size (NullTokenizer). A dry run comes before the corpus stages: with
     prepared=False, what they have not written yet shows as UNPREPARED; a seed (prepared=True)
-    refuses to start without it."""
+    refuses to start without it. `save`: the checkpoint folder of a chained seed (--save and --load),
+    written every `save_interval` iterations."""
     missing = unprepared(corpus_dir)
     if missing and prepared:
         raise mlrepro_config.ConfigError(f"{missing[0]} is missing: run the corpus stages")
@@ -167,7 +168,8 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
     vocab = UNPREPARED if corpus_dir / VOCAB in missing else len(json.loads((corpus_dir / VOCAB).read_text()))
     return megatron_launch.Run(p.variant.model, p.layout, p.iterations,
                                data_prefix=tuple(prefix or unprepared_prefix(mount)), pretokenized_vocab=vocab,
-                               seed=seed, warmup_iters=max(1, p.iterations // 10), sdpa=attention == "sdpa")
+                               seed=seed, warmup_iters=max(1, p.iterations // 10), sdpa=attention == "sdpa",
+                               save=save, save_interval=save_interval)
 
 
 def ds_config(p: Planned) -> dict:
@@ -310,13 +312,25 @@ def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Plann
     raise Refused(f"{bench.name} cannot run on system {system!r}: " + "; ".join(reasons))
 
 
+def chosen(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None) -> Planned:
+    """The layout a seed runs: the one the workflow's `pretrain: layout` names (Refused, naming why,
+    when it does not fit the system), else the benchmark's first that fits (first_fit)."""
+    name = (overrides or {}).get("layout")
+    if not name:
+        return first_fit(root, bench, system)
+    table = variants(bench)
+    if name not in table:
+        raise Refused(f"pretrain: layout {name!r}: {bench.name} has no such layout; it has {', '.join(table)}")
+    return plan(table[name], hardware.from_system(mlrepro_config.load_system(root, system)))
+
+
 def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,
             corpus_dir: Path | None = None, seed: int | None = None, planned: Planned | None = None) -> DryRun:
-    """The dry run's one-line plan of seed `seed` (the benchmark's first by default): the first layout
-    that fits the system (see first_fit; or `planned`, already shaped), shaped by the workflow's
-    `pretrain:` overrides, and the launch line seed_run builds for it, as mlrepro.kinds.megatron runs them."""
+    """The dry run's one-line plan of seed `seed` (the benchmark's first by default): the layout the seed
+    runs (see chosen; or `planned`, already shaped), shaped by the workflow's `pretrain:` overrides, and
+    the launch line seed_run builds for it, as mlrepro.kinds.megatron runs them."""
     overrides = overrides or {}
-    p = planned or shaped(first_fit(root, bench, system), overrides)
+    p = planned or shaped(chosen(root, bench, system, overrides), overrides)
     scheduler = mlrepro_config.load_system(root, system).scheduler
     lines = describe(p, scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
                      bench.seeds[0] if seed is None else seed, overrides.get("attention"))

@@ -62,6 +62,8 @@ class TrainingLog:
     max_allocated_mb: float | None = None
     max_reserved_mb: float | None = None
     start: datetime | None = None
+    starts: list[datetime] = dataclasses.field(default_factory=list)  # every start of training: more than one, more than one run
+    start_after_iteration: int | None = None  # the iteration logged before the (first) start of training, if any
     args: dict[str, str] = dataclasses.field(default_factory=dict)
     problems: list[str] = dataclasses.field(default_factory=list)
 
@@ -78,9 +80,17 @@ def _fields(text: str) -> dict[str, str]:
     return {k.strip().lower(): v for k, v in _FIELD.findall(text + " |")}
 
 
+def _datetime(text: str) -> datetime | None:
+    """A stamp's time; None for one that names no day (a month 13 in an edited log)."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
 def _stamp(text: str) -> datetime | None:
     m = _STAMP.search(text)
-    return datetime.fromisoformat(m.group(1)) if m else None
+    return _datetime(m.group(1)) if m else None
 
 
 def _megatron_iteration(line: str) -> Iteration | None:
@@ -107,8 +117,13 @@ def parse_lines(lines) -> TrainingLog:
     last_time = None
     for raw in lines:
         line = _PREFIX.sub("", _ANSI.sub("", raw.rstrip("\n")), count=1)
-        if (m := _START.search(line)) and log.start is None:
-            log.start = datetime.fromisoformat(m.group(1))
+        if m := _START.search(line):
+            stamp = _datetime(m.group(1))
+            if stamp is not None:
+                log.starts.append(stamp)
+                log.start = log.start or stamp
+            if log.iterations and log.start_after_iteration is None:
+                log.start_after_iteration = log.iterations[-1].iteration
             continue
         if (m := _ARG.match(line)) and not log.iterations:
             log.args.setdefault(m.group(1), m.group(2))

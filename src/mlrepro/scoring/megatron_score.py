@@ -21,6 +21,7 @@ from typing import Any
 from mlrepro.util.fsutil import atomic_write_json
 from mlrepro.gpus import datasheet_peak_tflops
 from mlrepro.scoring.megatron_log import TrainingLog, parse_log
+from mlrepro.scoring import integrity
 
 STEADY_SKIP = 2  # log lines left out of the steady state: iteration 1 and the first interval (warm-up, allocation)
 
@@ -91,21 +92,33 @@ def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None 
         reasons.append("no Megatron-LM or NeMo training lines in the log")
     elif not finished:
         reasons.append(f"training stopped at iteration {last.iteration} of {last.train_iters or '?'}")
+    order = integrity.training_log_problems(log)
+    doubtful = integrity.validation_problems(log)
+    reasons += order + doubtful
     evals = [[_samples_at(log, v.iteration), v.loss] for v in log.validations]
-    hit = next((v for v in log.validations if v.loss <= target_loss), None)
+    # A loss no language model can have (<= 0) reaches no target.
+    hit = next((v for v in log.validations if 0 < v.loss <= target_loss), None)
     minutes = None
-    if hit is not None and hit.time is not None and log.start is not None:
+    if hit is not None and hit.time is not None and log.start is not None and not order:
         minutes = (hit.time - log.start).total_seconds() / 60
+        if minutes <= 0:
+            reasons.append(f"validation at iteration {hit.iteration} is stamped {-minutes:.3f} min before the "
+                           f"start of training; not scored")
+            minutes = None
     if not log.validations:
         reasons.append("no validation loss logged")
     elif hit is None:
         reasons.append(f"target validation loss <= {target_loss:g} not reached "
                        f"(best {min(v.loss for v in log.validations):g})")
+    elif minutes is None and not order:
+        reasons.append("no time to train: the log has no '[before the start of training step]' stamp or no "
+                       "stamped iteration before the target validation")
     seed = seed if seed is not None else (int(_arg(log, "seed")) if _arg(log, "seed") is not None else None)
     return {
         "file": str(path), "seed": seed, "benchmark": benchmark, "source": log.source,
         "minutes": minutes, "status": status, "target_reached": hit is not None,
-        "converged": status == "success" and hit is not None,
+        # A log out of order or with a loss no model has is not a run that converged, whatever it reached.
+        "converged": status == "success" and hit is not None and minutes is not None and not (order or doubtful),
         "samples_to_converge": _samples_at(log, hit.iteration) if hit is not None else None,
         "iteration_to_converge": hit.iteration if hit is not None else None,
         "global_batch_size": _arg(log, "global_batch_size"), "evals": evals,
@@ -114,6 +127,7 @@ def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None 
         "throughput": throughput(log, gpus=gpus, seq_length=seq_length, peak_tflops=peak,
                                  model_flops_per_iter=model_flops_per_iter),
         "curve": [[i.iteration, i.lm_loss] for i in log.iterations if i.lm_loss is not None],
+        "fingerprint": integrity.training_fingerprint(log),
     }
 
 

@@ -137,7 +137,7 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
 
 
 def _segments_html(runs: list[dict]) -> str:
-    """Seeds run as a chain of time-limited jobs (mlrepro.pretrain.segments): one row per job."""
+    """Seeds run as a chain of time-limited jobs (mlrepro.launch.chain): one row per job."""
     chained = [r for r in runs if len(r.get("segments") or []) > 1]
     if not chained:
         return ""

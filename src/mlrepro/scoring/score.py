@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from mlrepro.scoring import checkers, megatron_log
+from mlrepro.scoring import checkers, integrity, megatron_log
 from mlrepro.scoring.mllog import ParsedLog, Record, contains_mllog, finite, parse_log
 from mlrepro.scoring.rules import MLPERF_TARGETS, Rules
 
@@ -103,15 +103,12 @@ def _timed_window(log: ParsedLog, reasons: list[str]) -> tuple[Any, Any, list, f
     if stop is None:
         reasons.append("run_stop missing")
     if start is not None and stop is not None:
+        why = integrity.run_time_problems(start, stop)
+        if last < first and not why:
+            why = ["run_stop is logged before run_start"]
+        reasons.extend(why)
         # Same arithmetic as result_summarizer, so the rounding matches too.
-        minutes = (stop.time_ms - start.time_ms) / 60 / 1000
-        if finite(minutes) is None:
-            reasons.append(f"run time is not a finite number (run_start {start.time_ms:g} ms, "
-                           f"run_stop {stop.time_ms:g} ms)")
-            minutes = None
-        elif last < first or minutes <= 0:
-            reasons.append("run_stop is not after run_start")
-            minutes = None
+        minutes = None if why else (stop.time_ms - start.time_ms) / 60 / 1000
     return start, stop, window, minutes
 
 
@@ -168,7 +165,8 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     if stop is not None and run["status"] != "success":
         reasons.append(f"run_stop status is {run['status'] or 'missing'}, not success")
 
-    evals, last_samples = _evaluations(window, rules.target_metric)
+    timed, late = integrity.evaluations_in_time(window, rules.target_metric, start, stop)
+    evals, last_samples = _evaluations(timed, rules.target_metric)
     run["evals"] = evals
     run["target_reached"] = any(rules.target_met(v) for _, v in evals)
     if not evals:
@@ -193,9 +191,11 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     run["compliance"] = verdict.to_dict()
     run["counted"] = not reasons
     run["reasons"] = reasons
-    run["problems"] = list(log.problems)
-    # Two files with the same MLLOG records are one run, whatever their names say.
+    run["problems"] = list(log.problems) + late
+    # Two files with the same MLLOG records are one run, whatever their names say; and so are two
+    # with the same evaluations at the same times after run_start, whatever seed they log.
     run["mllog_sha256"] = hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None
+    run["fingerprint"] = integrity.fingerprint(timed, start, stop)
     return run
 
 
@@ -232,32 +232,6 @@ def olympic_mean(minutes: Sequence[float], failed: int, max_failed: int = 1) -> 
     return sum(countable) * 1.0 / len(countable)
 
 
-def _mark_duplicates(runs: list[dict]) -> None:
-    """Mark (not counted, with the reason) each run that repeats an earlier one: the same MLLOG
-    records, or the same seed."""
-    seen: dict[Any, str] = {}
-    same_log: dict[str, str] = {}
-    for run in runs:
-        seed = run.get("seed")
-        run["duplicate"] = False
-        fingerprint = run.get("mllog_sha256")
-        if fingerprint and fingerprint in same_log:
-            run["duplicate"] = True
-            run["counted"] = False
-            run["reasons"].append(f"identical to {same_log[fingerprint]} (the same MLLOG records); not scored")
-            continue
-        if fingerprint:
-            same_log[fingerprint] = run.get("file")
-        if seed is None:
-            continue
-        if seed in seen:
-            run["duplicate"] = True
-            run["counted"] = False
-            run["reasons"].append(f"duplicate seed {seed} (also in {seen[seed]}); not scored")
-        else:
-            seen[seed] = run.get("file")
-
-
 def _rcp_of(distinct: list[dict], rules: Rules, reasons: list[str]) -> dict:
     """The RCP check of the runs (MLPerf benchmarks), its failure added to `reasons`."""
     if rules.mlperf_benchmark:
@@ -288,7 +262,12 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
     runs = [dict(r, reasons=list(r.get("reasons") or [])) for r in runs]
     reasons: list[str] = []
 
-    _mark_duplicates(runs)
+    for run in runs:
+        why = integrity.untrusted_time(run)
+        if why:
+            run["counted"], run["minutes"] = False, None
+            run["reasons"].append(why)
+    integrity.mark_duplicates(runs)
     distinct = [r for r in runs if not r["duplicate"]]
     counted = [r for r in distinct if r.get("counted") and r.get("minutes") is not None]
     failed = [r for r in distinct if r not in counted]

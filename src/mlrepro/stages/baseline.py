@@ -29,7 +29,10 @@ def baseline(settings, preflight_settings: dict, preflight_json: Path, megatron_
     system = settings.system
     healthy_record(preflight_json)
     if system.device == "cuda":
-        rows = [json.loads(Path(p).read_text()) for p in megatron_rows]
+        rows = []
+        for p in megatron_rows:  # a row, or one per layout (baseline: megatron: layouts)
+            record = json.loads(Path(p).read_text())
+            rows += record if isinstance(record, list) else [record]
     else:
         rows = megatron.not_applicable_rows(settings.root, system, preflight_settings["baseline"])
     write_baseline(system.name, preflight_settings, out_dir, rows)

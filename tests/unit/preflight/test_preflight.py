@@ -123,7 +123,7 @@ def test_recorded_busy_h100_fails_naming_the_gpu():
     host = _host("degraded_preflight.json")
     g = dict(host["gpus"][0])
     v, why = verdict.judge_gpu(g, gpus.health(g, set()))
-    assert v == "fail" and "of the measured reference 758" in why and "other processes use this GPU" in why
+    assert v == "fail" and "of the measured reference 680" in why and "other processes use this GPU" in why
     host["verdict"] = verdict.host_verdict({**host, "gpus": [{**g, "verdict": v, "why": why}]})
     assert quick.reason(host).startswith(f"preflight failed on {host['host']}: GPU0 (NVIDIA H100 80GB HBM3)")
 
@@ -196,8 +196,8 @@ def test_gpu_references_live_in_the_one_hardware_table():
     from mlrepro import gpus
 
     h100, h200 = gpus.gpu_model("NVIDIA H100 80GB HBM3"), gpus.gpu_model("NVIDIA H200")
-    assert (h100.measured_matmul_tflops, h100.measured_copy_tbps) == (758, 2.98)
-    assert (h200.measured_matmul_tflops, h200.measured_copy_tbps) == (789, 4.1)
+    assert (h100.measured_matmul_tflops, h100.measured_copy_tbps) == (680, 2.98)
+    assert (h200.measured_matmul_tflops, h200.measured_copy_tbps) == (660, 4.1)
     assert h200.measured_busbw_gbs[2][4096 << 20] == 343
     assert dataclasses.is_dataclass(h100) and gpus.gpu_model("Tesla T4") is None
 

@@ -231,4 +231,5 @@ def test_one_machine_gets_torchrun(tree, corpus):
     launch = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("torchrun")]
     assert launch and shlex.split(launch[0])[:3] == ["torchrun", "--standalone", "--nproc-per-node=1"]
     assert refused == ["gpt-125m-2xdp needs 2 GPUs (TP1 x PP1 x DP2); h100-box has 1",
-                       "gpt-125m-4xdp needs 4 GPUs (TP1 x PP1 x DP4); h100-box has 1"]
+                       "gpt-125m-4xdp needs 4 GPUs (TP1 x PP1 x DP4); h100-box has 1",
+                       "gpt-125m-2xtp needs 2 GPUs (TP2 x PP1 x DP1); h100-box has 1"]

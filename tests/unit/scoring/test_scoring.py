@@ -193,7 +193,8 @@ def test_cli_exit_codes(tmp_path):
     few = lf.write_runs(tmp_path / "few", lf.ten_runs()[:3])
     proc = cli(*few, "--benchmark", "llama2_70b_lora", cwd=tmp_path)
     assert proc.returncode == 1 and "3 distinct runs" in proc.stdout
-    minis = lf.write_runs(tmp_path / "mini", [{"minutes": 2.0, "samples_to_converge": 64}] * 3, "mini_lora")
+    minis = lf.write_runs(tmp_path / "mini", [{"minutes": m, "samples_to_converge": 64} for m in (2.0, 2.1, 2.2)],
+                          "mini_lora")
     proc = cli(tmp_path / "mini", "--benchmark", "mini_lora", "--target", "eval_accuracy<=2.5",
                "--required-runs", "3", cwd=tmp_path)
     assert proc.returncode == 0 and "no MLPerf ruleset" in proc.stdout, proc.stdout + proc.stderr
@@ -206,7 +207,8 @@ def _score_with_config(tmp_path, required_runs: int, direction: str):
     cfg.mkdir(parents=True)
     (cfg / "mini_lora.yaml").write_text(f"required_runs: {required_runs}\ntarget: {{metric: eval_accuracy, "
                                          f"value: 2.5, direction: {direction}}}\n")
-    lf.write_runs(tmp_path / "mini", [{"minutes": 2.0, "samples_to_converge": 64}] * 2, "mini_lora")
+    # distinct runs: runs alike to the millisecond are one run copied (issue 26)
+    lf.write_runs(tmp_path / "mini", [{"minutes": m, "samples_to_converge": 64} for m in (2.0, 2.1)], "mini_lora")
     return cli(tmp_path / "mini", "--benchmark", "mini_lora", cwd=tmp_path)
 
 

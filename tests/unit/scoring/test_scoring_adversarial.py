@@ -151,7 +151,7 @@ def test_infinite_run_time_is_rejected_and_score_json_is_strict(tmp_path):
             "\n".join(lines).replace('"seed", "value": 1', f'"seed", "value": {seed}') + "\n")
     run = scoring.score_run(folder / "seed_0.txt", MINI)
     assert run["minutes"] is None and not run["counted"]
-    assert any("not a finite number" in r for r in run["reasons"]), run["reasons"]
+    assert any("not a time between 2000 and 2100" in r for r in run["reasons"]), run["reasons"]
     proc = cli(folder, "--benchmark", "mini_lora", "--target", "eval_accuracy<=2.5", "--required-runs", "3",
                "--json", tmp_path / "score.json", cwd=tmp_path)
     assert proc.returncode == 1 and "NOT VALID" in proc.stdout and "Traceback" not in proc.stderr

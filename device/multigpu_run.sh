@@ -1,0 +1,243 @@
+#!/bin/bash
+# Issue 23 on a lent multi-GPU machine (nvidia-h200-x2/-x4, nvidia-h100-x2/-x4), no network, through the
+# workflow. Carried (device tool `carry`): the folder device/multigpu_carry.sh builds (C, default .gpu/mg):
+# megatron.tar.gz (Megatron-LM at the pinned commit), whl/ (the wheels the device image lacks), stubs/,
+# and tree.tar.gz (the repository at the commit under test, for a node whose checkout is another). One
+# device call per part, from the checkout's root:
+#   bash device/multigpu_run.sh PART
+#   mkdir -p /tmp/t && tar xzf .gpu/mg/tree.tar.gz -C /tmp/t && T=/tmp/t bash /tmp/t/device/multigpu_run.sh PART
+# PART node:  5 preflights of the 2-GPU system (GPUs 0,1), the degraded-GPU preflight (a matmul loop on
+#             GPU1), 2 preflights of the 4-GPU system (x4 only), seed 003's baseline on 2 GPUs (DP2, TP2,
+#             the planner's layout; the probe) and, on GPUs 2,3 at the same time (x4; else after), GPT-126M
+#             through the workflow at TP1 DP1, TP2 DP1, TP1 DP2 on the corpus stages' data.
+# PART train: the chained GPT-126M seed (GPU0, 1-minute clock, --save/--load, one segment killed mid-way)
+#             next to the same seed uninterrupted (GPU1) and a second uninterrupted run (GPU2, x4): the
+#             run-to-run spread of the final validation loss the chain is held to.
+# PART four:  (x4) GPT-126M at DP4 and seed 003's baseline at TP4 and DP4, on all 4 GPUs.
+# Back in $OUT: PART.tgz (the records: preflight.json, baseline.json and report, score/run json, segments,
+# Megatron's logs) and PART.txt (what ran, with timings). Ends well inside the 10-minute call.
+set -u
+PART=${1:?node, train or four}
+C=${C:-$PWD/.gpu/mg}
+T=${T:-$(cd "$(dirname "$0")/.." && pwd)}  # the repository under test: this script's own, or an unpacked tree.tar.gz
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+REC=/tmp/rec/$PART; mkdir -p "$REC"
+SUMMARY=$OUT/$PART.txt
+T0=$(date +%s)
+DEADLINE=$(( T0 + ${BUDGET_S:-550} ))  # every step ends before this: the records are packed after it
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$SUMMARY"; }
+# NVLink multicast stays off on these shared hosts (KINDS.md); Megatron wants one CUDA connection.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/whl/*.whl \
+  > /tmp/pip.txt 2>&1 || { say "wheel install failed"; tail -5 /tmp/pip.txt | tee -a "$SUMMARY"; }
+export PYTHONPATH=/tmp/site:$C/stubs:$T/src
+# Megatron builds its dataset helpers with make, which asks python3-config (absent from the image).
+mkdir -p /tmp/bin
+printf '#!/bin/sh\nexec python3 -c "import sysconfig; print(sysconfig.get_config_var(\\"EXT_SUFFIX\\"))"\n' > /tmp/bin/python3-config
+chmod +x /tmp/bin/python3-config; export PATH=/tmp/bin:$PATH
+NGPU=$(nvidia-smi -L | wc -l)
+NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$NAME" in *H200*) M=h200 ;; *H100*) M=h100 ;; *) M=h100 ;; esac
+SYS2=device-${M}x2 SYS4=device-${M}x4
+say "$PART on $NGPU x $NAME ($(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)); systems $SYS2 $SYS4"
+nvidia-smi topo -m > "$REC/topo.txt" 2>&1
+# The miniature corpus the corpus stages download (config/corpora/mini_corpus.yaml), served on localhost.
+# (A warm machine keeps /tmp between calls but not the processes: start it unless ours still runs.)
+if ! { [ -f /tmp/mcs.pid ] && kill -0 "$(cat /tmp/mcs.pid)" 2>/dev/null; }; then
+  python3 -m mlrepro.corpus.minicorpus serve --dir /tmp/mcs --port 18765 > /tmp/mcs.log 2>&1 &
+  echo $! > /tmp/mcs.pid
+fi
+for _ in $(seq 60); do
+  python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18765/tokenizer/vocab.json')" 2>/dev/null && break
+  sleep 0.5
+done
+
+# A scratch copy of the repository per lane (own results/, resources/, .snakemake/).
+lane() { rm -rf "/tmp/lanes/$1"; mkdir -p /tmp/lanes; cp -r "$T" "/tmp/lanes/$1"; }
+smk() {  # lane, seconds (at most what is left before DEADLINE), snakemake arguments...
+  local l=$1 s=$2 left=$(( DEADLINE - $(date +%s) )); shift 2
+  [ "$left" -lt "$s" ] && s=$left
+  [ "$s" -lt 10 ] && { say "skipped (no time left): snakemake $*"; return 1; }
+  (cd "/tmp/lanes/$l" && timeout --kill-after=20 "$s" python3 -m snakemake -c16 --scheduler greedy "$@") \
+    >> "$REC/$l.snakemake.txt" 2>&1
+}
+preflight_yaml() {  # lane, then the baseline block (YAML)
+  cat > "/tmp/lanes/$1/config/preflight.yaml" <<EOF
+# issue 23's device run: seed 003's sweep extended to 4 GiB (256 MiB, 1 GiB, 4 GiB against DESIGN.md's 2x H200 figures)
+sweep: {begin: 8, end: 4294967296, factor: 2}
+compute_seconds: 2.0
+quick_seconds: 0.3
+baseline: $2
+EOF
+}
+gpt126m() {  # lane, layout, system, iterations, extra pretrain keys[, MBS (8; GBS is 16)]
+  lane "$1"
+  cat > "/tmp/lanes/$1/device.yaml" <<EOF
+benchmarks: [gpt_126m]
+corpora: [mini_corpus]
+pretrain: {layout: $2, train_iters: $4, gbs: 16, mbs: ${6:-8}, attention: sdpa, megatron: $C/megatron.tar.gz, walltime_minutes: 9$5}
+EOF
+}
+keep() {  # lane, what to keep of its results (globs under the lane)
+  local l=$1; shift
+  mkdir -p "$REC/$l"
+  (cd "/tmp/lanes/$l" && for g in "$@"; do for f in $g; do [ -e "$f" ] && mkdir -p "$REC/$l/$(dirname "$f")" && cp -r "$f" "$REC/$l/$f"; done; done)
+}
+seed_files="results/gpt_126m*/seed_1/run.json results/gpt_126m*/seed_1/mllog.txt results/gpt_126m*/seed_1/launch.sh \
+  results/gpt_126m*/seed_1/segments.json results/gpt_126m*/seed_1/attempt_*/run.log results/gpt_126m*/score.json
+  results/gpt_126m*/verdict.json logs/train"
+
+if [ "$PART" = node ]; then
+  lane pf2; preflight_yaml pf2 "{}"
+  if [ "$NGPU" -ge 4 ]; then
+    lane pf4; preflight_yaml pf4 "{}"
+    for i in ${PF4:-1}; do
+      smk pf4 120 "results/preflight/$SYS4/preflight.json" --config system=$SYS4 --forcerun preflight
+      cp /tmp/lanes/pf4/results/preflight/$SYS4/preflight.json "$REC/preflight4_$i.json" 2>/dev/null
+      say "4-GPU preflight $i: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['summary']['verdict'], [(g['index'], g['matmul_bf16_tflops'], g['verdict']) for g in d['hosts'][0]['gpus']], d['seconds'], 's')" "$REC/preflight4_$i.json" 2>&1)"
+    done
+  fi
+  gpus_b="2,3"; [ "$NGPU" -ge 4 ] || gpus_b=""
+  run_126m() {
+    for spec in "m1 gpt-125m" "tp2 gpt-125m-2xtp" "dp2 gpt-125m-2xdp"; do
+      set -- $spec
+      gpt126m "g$1" "$2" "$SYS2" 300 ""
+      smk "g$1" 420 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2
+      keep "g$1" $seed_files
+      say "GPT-126M $2: $(cat /tmp/lanes/g$1/results/gpt_126m/seed_1/run.json 2>/dev/null | head -c 400)"
+    done
+  }
+  if [ -n "$gpus_b" ]; then (export CUDA_VISIBLE_DEVICES=$gpus_b; run_126m) & B=$!; fi
+  (
+    export CUDA_VISIBLE_DEVICES=0,1
+    for i in 1 2 3 4 5; do
+      smk pf2 120 "results/preflight/$SYS2/preflight.json" --config system=$SYS2 --forcerun preflight
+      cp /tmp/lanes/pf2/results/preflight/$SYS2/preflight.json "$REC/preflight2_$i.json" 2>/dev/null
+      say "2-GPU preflight $i: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); h=d['hosts'][0]; print(d['summary']['verdict'], [(g['index'], g['matmul_bf16_tflops'], g['verdict']) for g in h['gpus']], [(a['bytes']>>20, a['busbw_gbps']) for a in h['allreduce'] if a['bytes'] in (16<<20, 256<<20, 1<<30, 4<<30)], d['seconds'], 's')" "$REC/preflight2_$i.json" 2>&1)"
+    done
+    # The degraded GPU: a bf16 matmul loop of another process on GPU1 while the preflight measures.
+    CUDA_VISIBLE_DEVICES=1 python3 -c "
+import torch, time
+a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)
+t = time.time()
+while time.time() - t < 60:
+    a @ a
+" & LOAD=$!
+    sleep 5
+    (cd /tmp/lanes/pf2 && timeout 120 python3 -m mlrepro preflight --system $SYS2 --out "$REC/degraded" > "$REC/degraded.txt" 2>&1)
+    kill $LOAD 2>/dev/null; wait $LOAD 2>/dev/null
+    say "degraded: $(grep -E 'GPU[0-9]' "$REC/degraded.txt" | tr '\n' ' ')"
+    lane bl2
+    preflight_yaml bl2 "{runs: [{model: gpt-1.3b, precision: bf16, mbs: 16, ga: 4, attention: flash, residual: bf16, compile_scope: model}], steps: 3, warmup: 2, budget_s: 120, megatron: {benchmark: gpt_1p3b, precisions: [bf16], mbs: 4, gbs: 16, iterations: 20, attention: sdpa, timeout_s: 200, layouts: [{tp: 1}, {tp: 2}, {planner: true}]}}"
+    printf 'benchmarks: [gpt_126m]\npretrain: {megatron: %s}\n' "$C/megatron.tar.gz" > /tmp/lanes/bl2/device.yaml
+    smk bl2 420 "results/baseline/$SYS2/baseline.json" --configfile device.yaml --config system=$SYS2
+    keep bl2 "results/baseline/$SYS2" "results/preflight/$SYS2/preflight.json" logs/baseline logs/preflight
+    say "baseline 2 GPUs: $(grep -h '^|' /tmp/lanes/bl2/results/baseline/$SYS2/baseline_report.md 2>/dev/null | head -8)"
+    say "planner: $(cd /tmp/lanes/bl2 && timeout 60 python3 -m mlrepro plan --model gpt-1.3b --system $SYS2 --gbs 16 --top 6 2>&1 | head -14)"
+  )
+  [ -n "$gpus_b" ] && wait $B
+  [ -n "$gpus_b" ] || (export CUDA_VISIBLE_DEVICES=0,1; run_126m)
+fi
+
+if [ "$PART" = train ]; then
+  ITERS=${ITERS:-650}  # about 75 s of training: 3-4 one-minute segments (Megatron starts in about 30 s)
+  gpt126m ref1 gpt-125m "$SYS2" "$ITERS" ""
+  gpt126m chain gpt-125m "$SYS2" "$ITERS" ", save_interval: 100"
+  # The chained benchmark: gpt_126m with a 100 s job limit less a 30 s margin (Megatron's clock: 1 minute).
+  sed -e 's/^name: gpt_126m/name: gpt_126m_chain/' /tmp/lanes/chain/config/benchmarks/gpt_126m.yaml > /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
+  echo "segments: {job_seconds: 100, margin_seconds: 30, max_stalls: 2}" >> /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
+  sed -i 's/benchmarks: \[gpt_126m\]/benchmarks: [gpt_126m_chain]/' /tmp/lanes/chain/device.yaml
+  (export CUDA_VISIBLE_DEVICES=1; smk ref1 480 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; say "uninterrupted (GPU1) done") &
+  R1=$!
+  if [ "$NGPU" -ge 4 ]; then
+    gpt126m ref2 gpt-125m "$SYS2" "$ITERS" ""
+    (export CUDA_VISIBLE_DEVICES=2; smk ref2 480 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; say "uninterrupted (GPU2) done") &
+    R2=$!
+  fi
+  (export CUDA_VISIBLE_DEVICES=0; smk chain 540 results/gpt_126m_chain/score.json --configfile device.yaml --config system=$SYS2; say "chain done") &
+  CH=$!
+  (cd /tmp/lanes/chain && timeout $(( DEADLINE - $(date +%s) )) python3 "$T/device/multigpu_kill.py" results/gpt_126m_chain/seed_1 2 100 480 > "$REC/kill.json" 2>&1)
+  say "kill: $(cat "$REC/kill.json")"
+  wait $CH $R1 ${R2:-}
+  for l in chain ref1 ref2; do [ -d /tmp/lanes/$l ] && keep $l $seed_files; done
+  say "segments: $(cat /tmp/lanes/chain/results/gpt_126m_chain/seed_1/segments.json 2>/dev/null)"
+  for l in chain ref1 ref2; do say "$l: $(grep -h 'validation loss at iteration' /tmp/lanes/$l/results/gpt_126m*/seed_1/mllog.txt 2>/dev/null | tail -2 | tr '\n' ' ')"; done
+fi
+
+if [ "$PART" = four ] && [ "$NGPU" -ge 4 ]; then
+  gpt126m g4 gpt-125m-4xdp "$SYS4" 300 "" 4   # GBS 16 over DP4: MBS 4
+  smk g4 300 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS4
+  keep g4 $seed_files
+  say "GPT-126M DP4: $(head -c 400 /tmp/lanes/g4/results/gpt_126m/seed_1/run.json 2>/dev/null)"
+  lane bl4
+  preflight_yaml bl4 "{runs: [], megatron: {benchmark: gpt_1p3b, precisions: [bf16], mbs: 4, gbs: 16, iterations: 20, attention: sdpa, timeout_s: 180, layouts: [{tp: 4}, {tp: 1}]}}"
+  printf 'benchmarks: [gpt_126m]\npretrain: {megatron: %s}\n' "$C/megatron.tar.gz" > /tmp/lanes/bl4/device.yaml
+  smk bl4 330 "results/baseline/$SYS4/baseline.json" --configfile device.yaml --config system=$SYS4
+  keep bl4 "results/baseline/$SYS4" "results/preflight/$SYS4/preflight.json" logs/baseline
+  say "baseline 4 GPUs: $(grep -h '^|' /tmp/lanes/bl4/results/baseline/$SYS4/baseline_report.md 2>/dev/null | head -6)"
+fi
+
+if [ "$PART" = final ] && [ "$NGPU" -ge 4 ]; then
+  # Everything of issue 23's 2-GPU list in one call of a 4-GPU machine, lanes on disjoint GPUs:
+  #   GPUs 0,1: 5 preflights, the degraded GPU, seed 003's baseline (DP2, TP2, the planner's layout, a probe), GPT-126M TP2
+  #   GPU 2:    the chained seed (650 iterations, one-minute Megatron clock, attempt 2 killed), then with GPU 3: GPT-126M DP2
+  #   GPU 3:    GPT-126M TP1 DP1 uninterrupted over the same 650 iterations (item 3's 1-GPU row), then again (run-to-run)
+  ITERS=${ITERS:-650}
+  gpt126m chain gpt-125m "$SYS2" "$ITERS" ", save_interval: 100"
+  sed -e 's/^name: gpt_126m/name: gpt_126m_chain/' /tmp/lanes/chain/config/benchmarks/gpt_126m.yaml > /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
+  echo "segments: {job_seconds: 100, margin_seconds: 30, max_stalls: 2}" >> /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
+  sed -i 's/benchmarks: \[gpt_126m\]/benchmarks: [gpt_126m_chain]/' /tmp/lanes/chain/device.yaml
+  (export CUDA_VISIBLE_DEVICES=2; smk chain 420 results/gpt_126m_chain/score.json --configfile device.yaml --config system=$SYS2; say "chain done"
+   keep chain $seed_files
+   (cd /tmp/lanes/chain && say "segments: $(python3 -c "import json; [print(s['index'], s['from_step'], s['to_step'], s['status'], s.get('val_loss'), s.get('wall_s')) for s in json.load(open('results/gpt_126m_chain/seed_1/segments.json'))['segments']]" 2>&1 | tr '\n' ';')")
+   export CUDA_VISIBLE_DEVICES=2,3
+   gpt126m gdp2 gpt-125m-2xdp "$SYS2" 300 ""
+   smk gdp2 200 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep gdp2 $seed_files
+   say "GPT-126M DP2: $(python3 -c "import json; d=json.load(open('/tmp/lanes/gdp2/results/gpt_126m/seed_1/run.json')); print(d['throughput'], d['evals'][-1])" 2>&1)") &
+  CH=$!
+  (cd /tmp/lanes/chain && timeout 400 python3 "$T/device/multigpu_kill.py" results/gpt_126m_chain/seed_1 2 100 390 > "$REC/kill.json" 2>&1; say "kill: $(cat "$REC/kill.json")") &
+  KW=$!
+  (export CUDA_VISIBLE_DEVICES=3
+   for l in gm1 ref2; do
+     gpt126m $l gpt-125m "$SYS2" "$ITERS" ""
+     smk $l 240 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep $l $seed_files
+     say "GPT-126M TP1 DP1 ($l): $(python3 -c "import json; d=json.load(open('/tmp/lanes/$l/results/gpt_126m/seed_1/run.json')); print(d['throughput'], d['evals'][-1])" 2>&1)"
+   done) &
+  R=$!
+  (
+    export CUDA_VISIBLE_DEVICES=0,1
+    lane pf2; preflight_yaml pf2 "{}"
+    for i in 1 2 3 4 5; do
+      smk pf2 90 "results/preflight/$SYS2/preflight.json" --config system=$SYS2 --forcerun preflight
+      cp /tmp/lanes/pf2/results/preflight/$SYS2/preflight.json "$REC/preflight2_$i.json" 2>/dev/null
+      say "2-GPU preflight $i: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); h=d['hosts'][0]; print(d['summary']['verdict'], [(g['index'], g['matmul_bf16_tflops'], g['verdict']) for g in h['gpus']], [(a['bytes']>>20, a['busbw_gbps']) for a in h['allreduce'] if a['bytes'] in (16<<20, 256<<20, 1<<30, 4<<30)], d['seconds'], 's')" "$REC/preflight2_$i.json" 2>&1 | tail -1)"
+    done
+    cp -r /tmp/lanes/pf2/results/preflight/$SYS2 "$REC/preflight2_last" 2>/dev/null
+    CUDA_VISIBLE_DEVICES=1 python3 -c "
+import torch, time
+a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)
+t = time.time()
+while time.time() - t < 60:
+    a @ a
+" & LOAD=$!
+    sleep 5
+    (cd /tmp/lanes/pf2 && timeout 90 python3 -m mlrepro preflight --system $SYS2 --out "$REC/degraded" > "$REC/degraded.txt" 2>&1)
+    kill $LOAD 2>/dev/null; wait $LOAD 2>/dev/null
+    say "degraded: $(grep -E 'GPU[0-9]' "$REC/degraded.txt" | tr '\n' ' ')"
+    lane bl2
+    preflight_yaml bl2 "{runs: [{model: gpt-1.3b, precision: bf16, mbs: 8, ga: 2, attention: flash, residual: bf16, compile_scope: block}], steps: 3, warmup: 2, budget_s: 60, megatron: {benchmark: gpt_1p3b, precisions: [bf16], mbs: 4, gbs: 16, iterations: 20, attention: sdpa, timeout_s: 150, layouts: [{tp: 1}, {tp: 2}, {planner: true}]}}"
+    printf 'benchmarks: [gpt_126m]\npretrain: {megatron: %s}\n' "$C/megatron.tar.gz" > /tmp/lanes/bl2/device.yaml
+    smk bl2 330 "results/baseline/$SYS2/baseline.json" --configfile device.yaml --config system=$SYS2
+    keep bl2 "results/baseline/$SYS2" "results/preflight/$SYS2/preflight.json" logs/baseline
+    say "baseline 2 GPUs: $(grep -h '^|' /tmp/lanes/bl2/results/baseline/$SYS2/baseline_report.md 2>/dev/null | cut -c1-260 | head -6)"
+    gpt126m gtp2 gpt-125m-2xtp "$SYS2" 300 ""
+    smk gtp2 200 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep gtp2 $seed_files
+    say "GPT-126M TP2: $(python3 -c "import json; d=json.load(open('/tmp/lanes/gtp2/results/gpt_126m/seed_1/run.json')); print(d['throughput'], d['evals'][-1])" 2>&1)"
+  )
+  wait $CH $R
+  kill $KW 2>/dev/null
+fi
+
+tar czf "$OUT/$PART.tgz" -C /tmp/rec "$PART"
+say "$PART done; $(du -h "$OUT/$PART.tgz" | cut -f1) of records"
