@@ -211,6 +211,11 @@ def bad_nodes_file(root: Path, system: str) -> Path:
     return Path(root) / "results" / "nodes" / system / "bad_nodes.json"
 
 
+def finished_file(seed_folder: Path) -> Path:
+    """finished.json of a seed: what its log (mllog.txt) held when the seed finished (size, sha256)."""
+    return seed_folder / "finished.json"
+
+
 def read_failure(seed_folder: Path) -> dict | None:
     """failure.json of a seed: why its last attempt failed."""
     return read_json_if_exists(seed_folder / "failure.json")

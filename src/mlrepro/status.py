@@ -127,6 +127,9 @@ def _seed_status(seed: int, folder: Path,
         status = str(result.get("status", "success")).lower()
         minutes = result.get("minutes")
         converged = result.get("converged")
+        if isinstance(changed := result.get("changed_after_finish"), dict):
+            return SeedStatus(seed=seed, state=FAILED, job_id=(job or {}).get("job_id"), attempt=(job or {}).get("attempt"),
+                              reason=f"{changed.get('reason')}; redo it with: {changed.get('rerun')}")
         if status in _SUCCESS_STATUSES:
             return SeedStatus(
                 seed=seed, state=DONE, job_id=(job or {}).get("job_id"),

@@ -1,10 +1,13 @@
 """The miniature's 10 seeds through the slurm profile on the real local cluster.
 
-One scenario, in the order a user lives it: the first invocation submits every seed (each
-on 2 nodes); one seed's job is cancelled with scancel while it runs; then the snakemake
-process is killed while seeds are still queued. The second invocation must re-attach to
-the queued and running jobs, resubmit exactly the cancelled seed, and finish the score,
-with no seed ever having two live jobs.
+One scenario, in the order a user lives it: snakemake's process (alone, not its group) is
+killed while a data stage runs as a Slurm job: the run's guard stops its processes and cancels
+that job at once. The next invocation (the plain command: no --unlock) submits every seed (each
+on 2 nodes); one seed's job is cancelled with scancel while it runs; then snakemake's process is
+killed again while seeds are still queued, after one ended (between seeds): nothing of the run
+is left on this machine, the seeds' own jobs run on. The last invocation (plain again) must
+re-attach to the queued and running jobs, resubmit exactly the cancelled seed, and finish the
+score, with no seed ever having two live jobs.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from mlrepro.launch import job as launch
 from mlrepro.slurm import client as slurm
 from workspace import make_workspace, run_snakemake, snakemake_cmd, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+# The scenario's setup (three invocations of the 10-seed miniature, two of them killed)
+# is charged to the first test that uses it.
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(2400)]
 
 TARGET = "results/mini_lora/score.json"
 # Short polling keeps CI fast; a real cluster keeps the profile's defaults.
@@ -49,14 +54,49 @@ def read_job(ws: Path, seed: int) -> dict | None:
 
 
 
+def run_processes(ws: Path) -> list[int]:
+    """Processes of a workflow run in `ws` on this machine, outside any Slurm job (mlrepro.launch.guard)."""
+    from mlrepro.launch import guard
+
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            env = Path(entry.path, "environ").read_bytes().split(bytes(1)) if entry.name.isdigit() else []
+            if any(v.startswith(f"{guard.RUN_MARKER}=".encode()) for v in env) and \
+                    not any(v.startswith(b"SLURM_JOB_ID=") for v in env) and str(ws) in os.readlink(Path(entry.path, "cwd")):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_in_data_preparation(ws: Path) -> dict:
+    """Kill snakemake's process while a data stage runs as the executor plugin's Slurm job."""
+    proc = subprocess.Popen(snakemake_cmd(*ARGS), cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        stage_jobs = wait_for(lambda: [j for j in slurm.live_jobs_in(ws) if slurm.job_info(j).state == "RUNNING"],
+                              600, "a data stage running as a Slurm job", proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed = time.monotonic()
+        wait_for(lambda: not run_processes(ws) and not slurm.live_jobs_in(ws), 30, "the run to be stopped")
+        return {"stage_jobs": stage_jobs, "gone_after_s": time.monotonic() - killed,
+                "states": {j: slurm.job_info(j).state for j in stage_jobs}}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def scenario(slurm_cluster, tmp_path_factory):
     ws = make_workspace(tmp_path_factory.mktemp("slurm") / "ws")
+    data_kill = kill_in_data_preparation(ws)
     first = subprocess.Popen(snakemake_cmd(*ARGS), cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
     try:
         # Every seed queued, one of them running: cancel the running one.
-        wait_for(lambda: all(read_job(ws, s) for s in SEEDS), 600, "all seeds submitted", first)
+        wait_for(lambda: all(read_job(ws, s) for s in SEEDS), 1200, "all seeds submitted", first)
         running = wait_for(
             lambda: next((s for s in SEEDS if slurm.job_info(read_job(ws, s)["job_id"]).state == "RUNNING"), None),
             300, "a running seed", first)
@@ -66,8 +106,11 @@ def scenario(slurm_cluster, tmp_path_factory):
         # Kill the workflow while others are still queued.
         wait_for(lambda: any(slurm.job_info(read_job(ws, s)["job_id"]).state == "RUNNING"
                              for s in SEEDS if s != running), 300, "the next seed to start", first)
-        os.killpg(first.pid, signal.SIGKILL)
+        os.kill(first.pid, signal.SIGKILL)  # snakemake's process alone
         first.wait()
+        killed = time.monotonic()
+        wait_for(lambda: not run_processes(ws), 30, "the run's processes on this machine to be stopped")
+        seed_kill_s = time.monotonic() - killed
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
@@ -75,14 +118,22 @@ def scenario(slurm_cluster, tmp_path_factory):
     live_before = {s for s in SEEDS if any(not j.terminal for j in jobs_of(ws, s))}
     failure = json.loads((seed_dir(ws, running) / "failure.json").read_text())
 
-    run_snakemake(ws, "--unlock", *ARGS[:4])
-    started = time.monotonic()
+    started = time.monotonic()  # the plain command: no --unlock, no --rerun-incomplete
     second = run_snakemake(ws, *ARGS, timeout=1800)
     return {
         "ws": ws, "cancelled_seed": running, "cancelled_job": cancelled_job, "failure": failure,
         "jobs_before": jobs_before, "live_before": live_before, "second": second,
-        "second_seconds": time.monotonic() - started,
+        "second_seconds": time.monotonic() - started, "data_kill": data_kill, "seed_kill_s": seed_kill_s,
     }
+
+
+def test_killing_snakemakes_process_stops_the_run_here_and_its_stage_jobs(scenario):
+    """Issue 26 items 6-7 on Slurm: a kill of snakemake's process alone left the stage running (and the
+    data stage's Slurm job, raced by the rerun's), and its lock refused the plain rerun."""
+    data_kill = scenario["data_kill"]
+    assert data_kill["gone_after_s"] < 10 and scenario["seed_kill_s"] < 10
+    assert set(data_kill["states"].values()) <= {"CANCELLED"}, data_kill
+    # The rerun after each kill was the plain command, and the score came (test_score_after_the_rerun).
 
 
 def test_cancelled_seed_keeps_a_machine_readable_reason(scenario):

@@ -23,7 +23,9 @@ import yaml
 
 from workspace import make_workspace, planned_jobs, run_snakemake, snakemake_cmd
 
-pytestmark = pytest.mark.slow
+# The module's workspace runs the 10-seed miniature through four invocations (three of them killed):
+# its setup is charged to the first test that uses it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 TARGET = "results/mini_lora/score.json"
 PROFILE = ("--profile", "profiles/local")
@@ -75,9 +77,26 @@ def _training(results: Path) -> Path | None:
     return None
 
 
-def _stop_mid_seed(ws: Path, signum: int, target: str = TARGET, timeout: float = 600) -> dict:
-    """Start the workflow and send `signum` to its whole process group while a seed trains;
-    what was running of that seed before, and what is left of it after."""
+def _run_processes(ws: Path) -> list[str]:
+    """Live processes of a workflow run in `ws` (tagged by its guard, mlrepro.launch.guard)."""
+    from mlrepro.launch import guard
+
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            env = Path(entry.path, "environ").read_bytes() if entry.name.isdigit() else b""
+            if f"{guard.RUN_MARKER}=".encode() in env and str(ws) in os.readlink(Path(entry.path, "cwd")):
+                command = Path(entry.path, "cmdline").read_bytes().replace(bytes(1), b" ")[:80]
+                found.append(f"{entry.name} {command!r}")
+        except OSError:
+            continue
+    return found
+
+
+def _stop(ws: Path, signum: int, when, target: str = TARGET, timeout: float = 900, group: bool = True) -> dict:
+    """Start the workflow and send `signum` once `when(results)` gives something (a seed folder, a
+    stage): to its whole process group, or (`group=False`) to snakemake's own process alone, as a
+    killed head-node process or an OOM kill does. What was running before, and what is left after."""
     from mlrepro.util import proctree
 
     proc = subprocess.Popen(snakemake_cmd(*PROFILE, target), cwd=ws, env={**os.environ, **ENV},
@@ -85,41 +104,104 @@ def _stop_mid_seed(ws: Path, signum: int, target: str = TARGET, timeout: float =
     results = ws / "results" / "mini_lora"
     try:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None and (mid := _training(results)) is None:
-            time.sleep(0.5)
+        while time.monotonic() < deadline and proc.poll() is None and (mid := when(results)) is None:
+            time.sleep(0.2)
         assert proc.poll() is None, proc.stdout.read()
-        marker = proctree.seed_marker(mid)
-        ranks = [p for p in proctree.find(marker) if "train.py" in p.command]
-        os.killpg(proc.pid, signum)
+        marker = proctree.seed_marker(mid) if isinstance(mid, Path) else ""
+        ranks = [p for p in proctree.find(marker) if "train.py" in p.command] if marker else []
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            os.kill(proc.pid, signum)
         proc.wait(timeout=120)
-        # SIGINT: the seed stops its processes itself; SIGKILL: its watchdog does, within a second.
-        deadline = time.monotonic() + 15
-        while (left := proctree.find(marker)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        return {"seed_dir": mid, "ranks": ranks, "left": left}
+        killed = time.monotonic()
+        # SIGINT: the seed stops its processes itself; SIGKILL: the run's guard does, within a second.
+        while ((left := proctree.find(marker) if marker else []) or _run_processes(ws)) \
+                and time.monotonic() < killed + 15:
+            time.sleep(0.2)
+        return {"seed_dir": mid, "ranks": ranks, "left": left, "run_left": _run_processes(ws),
+                "gone_after_s": time.monotonic() - killed}
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
+def _stop_mid_seed(ws: Path, signum: int, target: str = TARGET, timeout: float = 600, group: bool = True) -> dict:
+    return _stop(ws, signum, _training, target, timeout, group)
+
+
+def _checkpoint_running(results: Path):
+    """The base checkpoint's stage, once it runs (its log is written as it starts)."""
+    log = results.parent.parent / "logs" / "mini_lora" / "checkpoint.log"
+    return "base_checkpoint" if log.exists() and not (results.parent.parent / "resources" / "mini_lora" /
+                                                      "checkpoint" / "manifest.json").exists() else None
+
+
+def _seed_finished_since(before: set):
+    """A seed whose mllog.txt appeared after `before` was taken: the moment between two seeds."""
+    def when(results: Path):
+        return next((p.parent for p in results.glob("seed_*/mllog.txt") if p.parent not in before), None)
+    return when
+
+
+def _data_files(ws: Path) -> dict:
+    """The data stages' files (not the stamp each seed's check of them rewrites)."""
+    from mlrepro.data import manifest
+
+    return {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (ws / "resources" / "mini_lora").rglob("*")
+            if p.is_file() and ".partial" not in str(p) and p.name != manifest.VERIFIED_STAMP}
+
+
+def _attempts(results: Path) -> dict:
+    return {p.name: sorted(a.name for a in p.glob("attempt_*")) for p in results.glob("seed_*")}
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """A workspace whose first invocation was killed mid-seed, then run to the end."""
+    """A workspace whose snakemake's process (alone, not its group) was killed in data preparation,
+    mid-seed and between two seeds, each time rerun with the README's plain command, the last time
+    to the end."""
     ws = make_workspace(tmp_path_factory.mktemp("mini") / "ws")
     results = ws / "results" / "mini_lora"
-    killed = _stop_mid_seed(ws, signal.SIGKILL)
+    kills = {"data": _stop(ws, signal.SIGKILL, _checkpoint_running, group=False)}
+    killed = kills["seed"] = _stop_mid_seed(ws, signal.SIGKILL, group=False)
+    data = _data_files(ws)  # the data stages finished before any seed started
     mid = killed["seed_dir"]
     time.sleep(1)  # anything the kill left running would write now
     done = sorted(int(p.parent.name.split("_")[1]) for p in results.glob("seed_*/mllog.txt"))
     killed.update({"had_mllog": (mid / "mllog.txt").exists(), "done": done})
     # The dataset and checkpoint finished before any seed started; they must be trusted.
     killed["plan_after_kill"] = planned_jobs(run_snakemake(ws, *PROFILE, TARGET, "-n").stdout)
-    # A killed snakemake leaves its lock; --unlock is what its error message tells the user.
-    run_snakemake(ws, *PROFILE, "--unlock")
+    before = {p.parent for p in results.glob("seed_*/mllog.txt")}
+    kills["between"] = _stop(ws, signal.SIGKILL, _seed_finished_since(before), group=False)
+    finished_at_kill = {p.parent.name: p.read_text() for p in results.glob("seed_*/mllog.txt")}
+    attempts_at_kill = _attempts(results)
     started = time.monotonic()
+    # The README's command: no --unlock, no --rerun-incomplete.
     run = run_snakemake(ws, *PROFILE, TARGET, "results/mini_lora/report.html", "results/report.html", env=ENV)
-    return {"ws": ws, "killed": killed, "run": run, "seconds": time.monotonic() - started}
+    return {"ws": ws, "killed": killed, "run": run, "seconds": time.monotonic() - started, "kills": kills,
+            "data": data, "finished_at_kill": finished_at_kill, "attempts_at_kill": attempts_at_kill}
+
+
+def test_killing_snakemakes_process_alone_leaves_nothing_and_the_plain_rerun_keeps_what_finished(finished):
+    """Issue 26 items 5-7: a kill of snakemake's process (not its group) in data preparation, in a
+    seed and between seeds left the run's processes alive and its lock; the plain rerun was refused
+    (incomplete files), showed "1 of 1 steps done" with no score (ancient() hid the seeds behind a
+    redone data stage), retrained finished seeds or downloaded finished data again."""
+    ws, kills = finished["ws"], finished["kills"]
+    results = ws / "results" / "mini_lora"
+    for where, kill in kills.items():
+        assert kill["run_left"] == [] and kill["left"] == [], f"kill in {where}: {kill}"
+        assert kill["gone_after_s"] < 5, f"kill in {where}: processes lived {kill['gone_after_s']:.1f} s"
+    assert kills["seed"]["ranks"], "the seed's torchrun ranks were not found while it trained"
+    # No finished seed was trained again (the one caught between two seeds included), none overwritten.
+    for name, text in finished["finished_at_kill"].items():
+        assert (results / name / "mllog.txt").read_text() == text
+        assert _attempts(results)[name] == finished["attempts_at_kill"][name], f"{name} was trained again"
+    assert kills["between"]["seed_dir"].name in finished["finished_at_kill"]
+    assert _data_files(ws) == finished["data"], "a finished data stage was done again"
+    assert json.loads((ws / TARGET).read_text())["valid"] is True
 
 
 def test_killed_seed_leaves_no_rank_and_its_rerun_logs_one_run(finished):

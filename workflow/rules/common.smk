@@ -5,6 +5,7 @@ from mlrepro import config as mlrepro_config
 from mlrepro import kinds, paths
 from mlrepro.kinds import systems as mlrepro_systems
 from mlrepro.util.fsutil import private_umask
+from mlrepro.launch import guard as run_guard
 from mlrepro.baseline import megatron as baseline_megatron
 from mlrepro.preflight import run as preflight_run
 
@@ -27,6 +28,11 @@ for _folder in (".snakemake", "results", "resources", "logs"):
         Path(_folder).chmod(0o700)
     except OSError:
         pass  # absent yet (created under the umask), or another user's
+
+
+# Every process of the run dies with this snakemake process, however it dies (mlrepro.launch.guard).
+if workflow.is_main_process:
+    run_guard.guard_workflow(Path.cwd())
 
 
 def config_error(error):
@@ -179,9 +185,14 @@ def container_ready(wc):
 
 
 def seed_data(wc):
-    """Input helper: what a seed trains on, as ancient() (a finished seed is never rerun for it):
-    the manifests of the dataset and checkpoint stages its benchmark configures (a model pretrained
-    from scratch has no checkpoint), and the blend of its pretraining corpus (corpus.smk)."""
+    """Input helper: what a seed trains on: the manifests of the dataset and checkpoint stages its
+    benchmark configures (a model pretrained from scratch has no checkpoint), and the blend of its
+    pretraining corpus (corpus.smk).
+
+    Not ancient(): Snakemake never looks at a job whose only path from a job that must run goes
+    through ancient() inputs (snakemake#4166), so a data stage redone after a killed run hid every
+    seed, score and report behind it ("1 of 1 steps done", no score). A finished seed is still never
+    retrained for a newer input: its job keeps the attempt it finished (mlrepro.launch.adopt)."""
     def work():
         b = bench(wc.benchmark)
         files = {stage: f"resources/{wc.benchmark}/{folder}/manifest.json"
@@ -191,7 +202,7 @@ def seed_data(wc):
             files["corpus"] = str(corpus / "data_prefix.json")
         return files
 
-    return {name: ancient(f) for name, f in per_benchmark("seed_data", wc, work).items()}
+    return dict(per_benchmark("seed_data", wc, work))
 
 
 def implementation_files(wc):

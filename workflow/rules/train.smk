@@ -1,5 +1,6 @@
-# One run per seed. Inputs are ancient(): a finished seed is never rerun because an
-# upstream file was touched; delete its folder to run it again.
+# One run per seed. A finished seed is never trained again because an upstream file was touched
+# or its workflow was killed: its job keeps the attempt that finished (mlrepro.launch.adopt);
+# delete its folder to run it again.
 rule train_seed:
     input:
         unpack(seed_data),

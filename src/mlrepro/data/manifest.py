@@ -62,7 +62,7 @@ def write_manifest(root: str | os.PathLike, out_json: str | os.PathLike,
     out_json = Path(out_json)
     if not root.is_dir():
         raise DataError(f"cannot write a manifest of {root}: it is not a folder")
-    exclude = ("manifest.json", out_json.name, VERIFIED_STAMP)
+    exclude = ("manifest.json", out_json.name, VERIFIED_STAMP, STAGE_RECORD)
     rows = [r for r in file_manifest(root, exclude=exclude, sha256=hash)
             if not r["path"].startswith(_MANIFEST_SKIP_PREFIX)]
     manifest = {
@@ -78,6 +78,47 @@ def write_manifest(root: str | os.PathLike, out_json: str | os.PathLike,
         manifest[k] = v
     atomic_write_json(out_json, manifest)
     return manifest
+
+
+# The stage's own copy of its manifest, kept inside its folder: Snakemake deletes the manifest
+# (the rule's output) before it runs the stage again, this copy it never sees.
+STAGE_RECORD = ".stage-manifest.json"
+
+
+def keep_record(manifest_json: str | os.PathLike) -> None:
+    """Keep a copy of a stage's manifest as its record (same bytes, same mtime)."""
+    manifest_json = Path(manifest_json)
+    copy = manifest_json.parent / f".{STAGE_RECORD}.tmp"
+    shutil.copy2(manifest_json, copy)
+    os.replace(copy, manifest_json.parent / STAGE_RECORD)
+
+
+def reuse_finished(folder: str | os.PathLike, out_json: str | os.PathLike, same: Mapping) -> bool:
+    """Put back the manifest of a stage that finished (its record) when every key of `same` is what
+    the record says and every file is still what it lists; True if so.
+
+    A stage whose workflow was killed after it finished, or which the rerun of an incomplete job runs
+    again, is verified, not downloaded again; the manifest keeps its old mtime, so nothing downstream
+    looks newer than before.
+    """
+    folder, out_json = Path(folder), Path(out_json)
+    record = folder / STAGE_RECORD
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or any(data.get(k) != v for k, v in same.items()):
+        return False
+    copy = out_json.parent / f".{out_json.name}.tmp"
+    shutil.copy2(record, copy)
+    os.replace(copy, out_json)
+    problems = verify_manifest(out_json)
+    if problems:
+        log.warning("%s: the finished stage's files changed, fetching again: %s", folder, "; ".join(problems[:3]))
+        out_json.unlink()
+        return False
+    log.info("%s: finished and verified before; its manifest is put back, nothing is fetched", folder)
+    return True
 
 
 # What verify_manifest last found right: {path: [size, mtime_ns, ctime_ns, inode]} per manifest.

@@ -30,6 +30,9 @@ def fill_stage(settings: mlrepro_config.Settings, benchmark: str, stage: str, ou
     spec = getattr(bench, stage)
     if spec is None:
         raise mlrepro_config.ConfigError(f"{bench.source}: {stage}: not configured")
+    folder = out.resolve().parent
+    if manifest.reuse_finished(folder, out, {"benchmark": benchmark, "stage": stage, "sources": spec["sources"]}):
+        return
     # Everything that can fail without downloading fails first.
     # A script in a container gets the token by name only (`--env HF_TOKEN`): its value stays
     # in the environment, off every command line and, redacted, out of every log.
@@ -64,6 +67,7 @@ def fill_stage(settings: mlrepro_config.Settings, benchmark: str, stage: str, ou
         total = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
         # Hashing a 140 GB checkpoint would take longer than downloading it; sizes are checked.
         manifest.write_manifest(partial, partial / out.name, extra=record, hash=total < 2**30, final_root=folder)
+        manifest.keep_record(partial / out.name)
 
 
 def _fetch_source(source: dict, where: Path, spec: dict, image: str | None, impl: Path, log_path: Path, stage: str,

@@ -166,7 +166,7 @@ def given_gpus(parent: str | None, gpus: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(given[:gpus])}
 
 
-def _stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
+def stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
     """Whatever an earlier attempt or a killed workflow left running would race the new
     attempt: stop it all, and start nothing while any of it is left."""
     from mlrepro.util import proctree
@@ -197,7 +197,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         private_folders(seed_dir, *seed_dir.glob("attempt_*"), *seed_dir.glob(".submitit"))
     except OSError as exc:
         io_failure(plan, exc)
-    _stop_earlier_attempts(seed_dir, marker)
+    stop_earlier_attempts(seed_dir, marker)
     attempt = next_attempt(seed_dir)
     # What this attempt starts, stops and guards: an earlier attempt's watchdog (its workflow
     # SIGKILLed a moment ago) may still be at work, and must not take this attempt for its own.

@@ -330,6 +330,22 @@ def cancel(job_id: str | int, *, signal: str | None = None) -> None:
     _run(command)
 
 
+def live_jobs_in(folder: str | os.PathLike, *, submitted_since: str = "") -> list[str]:
+    """Ids of the current user's queued or running jobs whose working folder is `folder`, submitted
+    at or after `submitted_since` (squeue's ISO time, e.g. 2026-11-26T22:41:45)."""
+    proc = _run(["squeue", "-h", "-u", _current_user(), "-o", "%i|%V|%Z"], check=False)
+    if proc.returncode != 0:
+        raise SlurmError(f"squeue failed (exit {proc.returncode}): {proc.stderr.strip()}", stderr=proc.stderr)
+    root = Path(folder).resolve()
+    found = []
+    for line in proc.stdout.splitlines():
+        job_id, _, rest = line.strip().partition("|")
+        submitted, _, workdir = rest.partition("|")
+        if job_id and workdir and submitted >= submitted_since and Path(workdir) == root:
+            found.append(job_id)
+    return found
+
+
 def find_jobs(name: str, *, user: str | None = None, since: str = "now-30days",
               status_command: str = "sacct") -> list[JobInfo]:
     """Jobs of `user` (default: the current one) named `name`, oldest first.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from mlrepro import kinds, paths
-from mlrepro.launch import chain, job
+from mlrepro.launch import chain, finished, job
 from mlrepro.stages.process import rule
 from mlrepro.util.fsutil import atomic_write_json
 
@@ -26,7 +27,18 @@ def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path)
     run = kinds.of(bench).score_seed(settings, bench, seed, mllog_path, plan)
     if chained := chain.summary(mllog_path.parent):
         run["segments"] = chained  # a pretraining seed run as a chain of time-limited jobs
+    if why := finished.changed(mllog_path.parent, mllog_path):
+        changed_after_finish(run, why, finished.rerun_command(settings.system, benchmark, mllog_path.parent))
     atomic_write_json(out, run)
+
+
+def changed_after_finish(run: dict, why: str, rerun: str) -> None:
+    """A seed whose log changed after it finished is not scored as the run it was: it says so, and how
+    to get that run back (issue 26: a truncated log was scored failed with no word why)."""
+    run["changed_after_finish"] = {"reason": why, "rerun": rerun}
+    run["counted"] = False
+    run["reasons"] = [*run.get("reasons", []), f"{why}; redo the seed: {rerun}"]
+    logging.getLogger("mlrepro.stages").warning("seed %s: %s; redo it with: %s", run.get("seed"), why, rerun)
 
 
 def _score_arguments(smk, s):
@@ -54,6 +66,11 @@ def score(settings, benchmark: str, run_files: list[Path], mllogs: list[Path], o
     if "early_stop" in result:
         result["valid"] = False
         result["reasons"].insert(0, result["early_stop"]["message"])
+    if changed := [{"seed": r.get("seed"), **r["changed_after_finish"]} for r in runs if r.get("changed_after_finish")]:
+        result["changed_after_finish"] = changed
+        for seed in changed:
+            logging.getLogger("mlrepro.stages").warning("seed %s is not scored as the run it finished: %s; redo it "
+                                                        "with: %s", seed["seed"], seed["reason"], seed["rerun"])
     atomic_write_json(out, result)
     verdict(settings, benchmark, out, reference_file, container_file, verdict_out, distribution)
     report(settings, benchmark, out, mllogs, report_html, plot_dir, verdict_out)

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from mlrepro import kinds, paths
-from mlrepro.launch import auto, chain, job
+from mlrepro.launch import adopt, auto, chain, finished, job
 from mlrepro.stages.process import OWN, rule
 
 log = logging.getLogger("mlrepro.stages")
@@ -37,11 +37,14 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     limits = chain.limits(bench.segments, settings.system.max_job_minutes)
     # A seed cancelled as diverged by an earlier invocation runs again when the workflow is run again.
     paths.diverged_file(plan.seed_dir).unlink(missing_ok=True)
+    if limits is None and adopted(kind, bench, plan, log_path, out):
+        return
     with _band_watch(settings, bench, plan):
         for attempt in range(bench.retries + 1):
             try:
                 auto.run_seed_chain(plan, settings.system, log_path, limits)
                 kind.finish_seed(bench, plan, log_path, out)
+                finished.record(plan.seed_dir, out)
                 _look_at_the_outcome(settings, bench, plan)
                 return
             except job.EarlyStopped as exc:
@@ -94,3 +97,17 @@ def _band_watch(settings, bench, plan: job.SeedPlan):
         yield
     finally:
         stop.set()
+
+
+def adopted(kind, bench, plan: job.SeedPlan, log_path: Path, out: Path) -> bool:
+    """Whether an attempt a killed workflow left finished (mlrepro.launch.adopt) is the seed's result."""
+    if not adopt.take_finished_attempt(plan, log_path):
+        return False
+    try:
+        kind.finish_seed(bench, plan, log_path, out)
+    except job.SeedFailed as exc:
+        log.info("%s; training again", exc)
+        return False
+    finished.record(plan.seed_dir, out)
+    log.info("%s seed %d: the finished run of an earlier workflow kept, not trained again", bench.name, plan.seed)
+    return True

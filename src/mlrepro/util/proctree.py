@@ -74,10 +74,10 @@ def _ancestors() -> set[int]:
     return pids
 
 
-def find(marker: str) -> list[Proc]:
-    """The live processes whose environment carries MARKER=marker, or one of its attempts' markers
-    (this process and its ancestors excepted)."""
-    needle = f"{MARKER}={marker}".encode()
+def find(marker: str, variable: str = MARKER) -> list[Proc]:
+    """The live processes whose environment carries MARKER=marker (or `variable`=marker), or one of
+    its attempts' markers (this process and its ancestors excepted)."""
+    needle = f"{variable}={marker}".encode()
     attempts = needle + b"."
     mine = _ancestors()
     found = []
@@ -101,12 +101,13 @@ def find(marker: str) -> list[Proc]:
     return found
 
 
-def kill(marker: str, timeout: float = 15.0) -> list[Proc]:
-    """SIGKILL every process of the seed until none is left; the ones killed. Survivors if some will not die."""
+def kill(marker: str, timeout: float = 15.0, variable: str = MARKER) -> list[Proc]:
+    """SIGKILL every process of the seed (or of whatever `variable`=marker tags) until none is left;
+    the ones killed. Survivors if some will not die."""
     killed: dict[int, Proc] = {}
     deadline = time.monotonic() + timeout
     while True:
-        procs = find(marker)
+        procs = find(marker, variable)
         if not procs:
             return list(killed.values())
         if time.monotonic() > deadline:

@@ -62,7 +62,7 @@ def test_leftovers_of_an_interrupted_script_download_are_not_kept(tree, monkeypa
     stages.dataset(settings, "tiny", out, tree / "logs" / "tiny" / "dataset.log")
     folder = resources / "data"
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == [
-        "manifest.json", "train.npy", "validation.npy"]
+        ".stage-manifest.json", "manifest.json", "train.npy", "validation.npy"]
     assert not partial.exists()
     manifest = json.loads(out.read_text())
     assert [f["path"] for f in manifest["files"]] == ["train.npy", "validation.npy"]
@@ -96,3 +96,37 @@ def test_only_self_checking_sources_resume_and_transfer_state_is_dropped(tmp_pat
     removed = manifest.drop_transfer_state(tmp_path)
     assert removed == [".cache/huggingface/", "weights/shard.bin.a1b2c3.partial"]
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["weights", "weights/shard0.bin"]
+
+
+def test_finished_stage_rerun_after_a_kill_is_verified_not_fetched_again(tree, monkeypatch):
+    """Issue 26 item 7: a workflow killed (or Ctrl-C'd) after a data stage finished leaves it marked
+    incomplete; the rerun deletes its manifest and runs it again, which downloaded everything anew."""
+    monkeypatch.chdir(tree)
+    script = tree / "implementations" / "tiny" / "scripts" / "download_dataset.py"
+    script.write_text(DOWNLOAD + "open(pathlib.Path(__file__).with_name('runs'), 'a').write('x')\n")
+    runs = script.with_name("runs")
+    settings = config.load({"benchmarks": ["tiny"], "system": "here"}, tree)
+    folder = tree / "resources" / "tiny" / "data"
+    out, log = folder / "manifest.json", tree / "logs" / "tiny" / "dataset.log"
+    stages.dataset(settings, "tiny", out, log)
+    first = out.read_bytes(), out.stat().st_mtime_ns
+    train = (folder / "train.npy").stat()
+    out.unlink()  # what Snakemake does to an incomplete job's output before running it again
+    stages.dataset(settings, "tiny", out, log)
+    assert runs.read_text() == "x", "the finished stage was downloaded again"
+    assert (out.read_bytes(), out.stat().st_mtime_ns) == first  # nothing downstream looks newer
+    assert (folder / "train.npy").stat().st_ino == train.st_ino
+    # A file changed since: fetched again, not trusted.
+    out.unlink()
+    (folder / "train.npy").write_bytes(b"tampered" * 5 + b"xx")
+    stages.dataset(settings, "tiny", out, log)
+    assert runs.read_text() == "xx"
+    assert (folder / "train.npy").read_bytes() == b"train" * 10
+    # Other sources configured: fetched again.
+    out.unlink()
+    bench = tree / "config" / "benchmarks" / "tiny.yaml"
+    data = yaml.safe_load(bench.read_text())
+    data["dataset"]["sources"][0]["args"] = ["{out}", "--again"]
+    bench.write_text(yaml.safe_dump(data))
+    stages.dataset(config.load({"benchmarks": ["tiny"], "system": "here"}, tree), "tiny", out, log)
+    assert runs.read_text() == "xxx"

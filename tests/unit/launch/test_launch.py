@@ -478,3 +478,107 @@ def test_read_only_results_folder_gives_a_failed_seed_with_reason_and_the_rerun_
     subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True, timeout=30)
     stages.train_seed(settings(tree), "tiny", 1, out, log)
     assert out.exists()
+
+
+@pytest.mark.slow
+def test_a_finished_attempt_left_by_a_killed_workflow_is_kept_not_retrained(tree):
+    """Issue 26 item 6: the workflow died after the seed's run finished but before Snakemake recorded
+    its output; the rerun of the incomplete job (its output deleted first) trained the seed again as
+    attempt 2 and threw the finished run away."""
+    out, log = seed_paths(tree, 1)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    finished = out.read_text()
+    out.unlink()  # what Snakemake does to an incomplete job's output before running it again
+    log.unlink()
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert (out.parent / "attempts").read_text().strip() == "1", "the finished seed was trained again"
+    assert sorted(p.name for p in out.parent.glob("attempt_*")) == ["attempt_1"]
+    assert out.read_text() == finished and log.read_text() == (out.parent / "attempt_1" / "run.log").read_text()
+    assert not (out.parent / "failure.json").exists()
+
+
+@pytest.mark.slow
+def test_killing_snakemakes_process_alone_stops_the_stage_and_every_rank(tree):
+    """Issue 26 item 6: SIGKILL of snakemake's own process (not its group) left the stage, its
+    watchdog, submitit, run_and_time and the ranks running: the watchdog watched the stage. Here the
+    "snakemake" is a process that starts the run's guard as the Snakefile does, then a stage."""
+    import time
+
+    from mlrepro.launch import guard
+    from mlrepro.util import proctree
+
+    marker = seed_marker(tree, 1)
+    (tree / ".snakemake" / "locks").mkdir(parents=True)
+    (tree / ".snakemake" / "locks" / "0.input.lock").write_text("")
+    stage = ("from pathlib import Path; from mlrepro import config; from mlrepro.stages import train as stages; "
+             f"s = config.load({{'benchmarks': ['tiny'], 'system': 'here'}}, Path({str(tree)!r})); "
+             "d = s.root / 'results/tiny/seed_1'; stages.train_seed(s, 'tiny', 1, d / 'mllog.txt', d / 'run.log')")
+    code = (f"import subprocess, sys, time; from mlrepro.launch import guard; guard.guard_workflow({str(tree)!r}); "
+            f"subprocess.Popen([sys.executable, '-c', {stage!r}]); time.sleep(600)")
+    env = {k: v for k, v in os.environ.items() if k != guard.RUN_MARKER}
+    owner = subprocess.Popen([sys.executable, "-c", code], cwd=tree, start_new_session=True,
+                             env={**env, "RANK_IN_NEW_SESSION": "1", "SLEEP": "300"})
+    try:
+        assert _wait_for(lambda: _rank_running(marker), 60)
+        os.kill(owner.pid, signal.SIGKILL)  # the process only: its stage is left orphaned
+        owner.wait()
+        killed = time.monotonic()
+        assert _wait_for(lambda: proctree.find(marker) == [], 10), proctree.find(marker)
+        assert time.monotonic() - killed < 5
+        assert _wait_for(lambda: _stage_processes(tree) == [], 5), _stage_processes(tree)
+        assert _wait_for(lambda: not (tree / ".snakemake" / "locks" / "0.input.lock").exists(), 10), \
+            "the killed run's lock was left for --unlock"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        for pid in _stage_processes(tree):
+            os.kill(pid, signal.SIGKILL)
+        proctree.kill(marker)
+
+
+def _stage_processes(tree: Path) -> list[int]:
+    """Live processes that run a stage of `tree` (their command line names it)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if b"train_seed" in Path(entry.path, "cmdline").read_bytes() and str(tree).encode() in \
+                        Path(entry.path, "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.slow
+def test_a_seed_log_truncated_after_it_finished_is_named_with_its_rerun_which_takes_the_run_back(tree):
+    """Issue 26 item 8: a finished seed whose mllog.txt was later truncated was scored as a failed run
+    and never retrained; the score stayed valid on the others and nothing said why."""
+    from mlrepro import status
+    from mlrepro.stages import score as stages_score
+
+    out, log = seed_paths(tree, 1)
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    whole = out.read_text()
+    run_json = out.parent / "run.json"
+    stages_score.score_seed(settings(tree), "tiny", 1, out, run_json)
+    assert "changed_after_finish" not in json.loads(run_json.read_text())
+    out.write_text(whole[: len(whole) // 2])
+    stages_score.score_seed(settings(tree), "tiny", 1, out, run_json)
+    run = json.loads(run_json.read_text())
+    changed = run["changed_after_finish"]
+    assert "seed_1/mllog.txt was truncated after the seed finished" in changed["reason"]
+    rerun = "results/tiny/score.json --forcerun results/tiny/seed_1/mllog.txt --config system=here"
+    assert changed["rerun"] == f"snakemake --profile profiles/local {rerun}"
+    assert run["counted"] is False and any("truncated" in r for r in run["reasons"])
+    row = status.seed_status(1, out.parent)
+    assert row.state == status.FAILED and "truncated" in row.reason and rerun in row.reason
+    # The rerun: Snakemake deletes the forced job's output and runs the seed's job, which takes the
+    # finished run back from its attempt's log; nothing is trained again.
+    out.unlink()
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert out.read_text() == whole and (out.parent / "attempts").read_text().strip() == "1"
+    stages_score.score_seed(settings(tree), "tiny", 1, out, run_json)
+    assert "changed_after_finish" not in json.loads(run_json.read_text())
+    assert status.seed_status(1, out.parent).state == status.DONE
