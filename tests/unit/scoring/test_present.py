@@ -28,7 +28,7 @@ def test_minutes(m, text):
 
 def test_percent_factor_samples():
     assert present.percent(12.345) == "+12.3%" and present.percent(-3.04) == "-3.0%"
-    assert present.factor(1.0) == "1" and present.factor(1.02345) == "1.0235"
+    assert present.factor(1.0) == "1" and present.factor(1.02346) == "1.0235"
     assert present.samples(9400.0) == "9,400"
 
 
