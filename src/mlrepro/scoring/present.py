@@ -5,7 +5,7 @@ in minutes, compliance and the benchmark's metric. Each has one way to be writte
 
     p_value(0.000183)        '< 0.001'          (never 1.83e-04; 1 reads '1.00')
     percent(12.345)          '+12.3%'
-    minutes(0.2122)          '0.21 min (13 s)'  (a miniature's seconds stay readable)
+    minutes(0.2122)          '0.212 (13 s)'     (MLPerf's three decimals; a miniature's seconds beside)
     compliance(run, score)   ('no ruleset (miniature)', 'na') rather than a red "not run"
     metric(target, bench)    'eval_accuracy: evaluation loss (lower is better)'
 """
@@ -53,14 +53,10 @@ def percent(x: float | None, signed: bool = True) -> str:
 
 
 def minutes(m: float | None) -> str:
-    """'11.3 min' from ten minutes up, '1.68 min' below, and seconds beside a time under a minute."""
+    """Minutes as MLPerf publishes them (11.275), with the seconds beside a time under a minute."""
     if _missing(m):
         return "-"
-    if m >= 10:
-        return f"{m:.1f} min"
-    if m >= 1:
-        return f"{m:.2f} min"
-    return f"{m:.2f} min ({m * 60:.0f} s)"
+    return f"{m:.3f}" if m >= 1 else f"{m:.3f} ({m * 60:.0f} s)"
 
 
 def factor(x: float | None) -> str:

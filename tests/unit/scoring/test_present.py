@@ -20,7 +20,7 @@ def test_differs_at_five_percent():
     assert present.differs(0.049) is True and present.differs(0.05) is False and present.differs(None) is None
 
 
-@pytest.mark.parametrize("m, text", [(11.275, "11.3 min"), (1.676, "1.68 min"), (0.21216, "0.21 min (13 s)"),
+@pytest.mark.parametrize("m, text", [(11.275, "11.275"), (1.676, "1.676"), (0.21216, "0.212 (13 s)"),
                                      (None, "-")])
 def test_minutes(m, text):
     assert present.minutes(m) == text
