@@ -28,7 +28,7 @@ window.addEventListener('load', () => {
     return {id: el.id || null, tag: el.tagName.toLowerCase(), cls: el.className && String(el.className) || null,
             left: r.left, right: r.right, width: r.width, height: r.height,
             scrollWidth: el.scrollWidth, clientWidth: el.clientWidth,
-            overflowX: getComputedStyle(el).overflowX, text: (el.innerText || '').slice(0, 400)}; };
+            overflowX: getComputedStyle(el).overflowX, text: (el.innerText || '').slice(0, 8000)}; };
   const out = {
     window: window.innerWidth,
     page: document.documentElement.scrollWidth,

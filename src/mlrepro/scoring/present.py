@@ -120,7 +120,7 @@ h1{margin:.2em 0;font-size:1.6em;overflow-wrap:anywhere}
 .na-box{background:#f3f3f3;border:1px solid #bbb}
 .scroll{overflow-x:auto;max-width:100%;margin:1em 0;-webkit-overflow-scrolling:touch}
 table{border-collapse:collapse;font-size:.92em} td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
-td.num,th.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums} td.num{white-space:nowrap}
 th{background:#f3f3f3} .bad{color:#b00} .ok{color:#070} .warn{color:#a60} .na{color:#666}
 figure{margin:1em 0;max-width:100%} figure svg{max-width:100%;height:auto;display:block}
 .small{color:#666;font-size:.85em} .why{font-size:.85em;color:#444}
