@@ -27,7 +27,9 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable
 
-INTERVAL_S = 10.0  # a long stage's log gets a line this often; status sees numbers this fresh
+# A long stage's log gets a line this often, and status sees numbers this fresh (a test watching a
+# short download sets MLREPRO_PROGRESS_SECONDS lower).
+INTERVAL_S = float(os.environ.get("MLREPRO_PROGRESS_SECONDS") or 10.0)
 WINDOW_S = 60.0    # the rate is measured over the reports of the last minute (a stall shows quickly)
 STALE_S = 120.0    # a file not updated for longer belongs to a stage that is no longer at work
 
@@ -95,9 +97,10 @@ class Meter:
     """
 
     def __init__(self, what: str, file: str | os.PathLike | None = None, *, total: float | None = None,
-                 unit: str = "B", interval: float = INTERVAL_S, logger: logging.Logger | None = None,
+                 unit: str = "B", interval: float | None = None, logger: logging.Logger | None = None,
                  now: Callable[[], float] = time.monotonic):
-        self.what, self.unit, self.interval = what, unit, interval
+        self.what, self.unit = what, unit
+        self.interval = INTERVAL_S if interval is None else interval
         self.file = Path(file) if file is not None else None
         self.total = total
         self.done = 0.0
@@ -106,7 +109,7 @@ class Meter:
         self._now = now
         self._lock = threading.Lock()
         self._start = now()
-        self._next = self._start + interval
+        self._next = self._start + self.interval
         self._points: deque[tuple[float, float]] = deque([(self._start, 0.0)])
         self._closed = False
         self.report()  # a status read at once sees the stage at work, with 0 done
@@ -128,6 +131,11 @@ class Meter:
     def add_total(self, n: float) -> None:
         with self._lock:
             self.total = (self.total or 0) + n
+
+    def estimate_total(self, total: float) -> None:
+        """A better guess of the total (never below what is done)."""
+        with self._lock:
+            self.total = max(total, self.done)
 
     def snapshot(self, finished: bool = False) -> dict:
         with self._lock:
