@@ -52,8 +52,7 @@ def main() -> None:
             return took
 
         def watched() -> float:
-            meter = progress.Meter("watch", tmp / "w.json", interval=0.05)
-            with progress.watch_folder(many, meter):
+            with progress.watch_folder("watch", many, tmp / "w.json", interval=0.05):
                 return download(None)
 
         variants = {
@@ -74,7 +73,7 @@ def main() -> None:
         for _ in range(20):
             progress.folder_size(many)
         size_ms = (time.perf_counter() - started) / 20 * 1000
-    meter = progress.Meter("calls", None, interval=10)
+    meter = progress.Meter("calls", None, timer=False)
     started = time.perf_counter()
     for _ in range(200_000):
         meter.add(1 << 20)

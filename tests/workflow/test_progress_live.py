@@ -63,7 +63,7 @@ def start(ws: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
 def test_status_shows_a_corpus_download_with_rate_and_eta(tmp_path):
     ws = make_workspace(tmp_path / "ws")
     origin = served.origin(tmp_path / "origin", "mini_corpus")
-    server = served.serve(origin, bytes_per_second=4000)  # a slow link: each ~20 KB shard takes seconds
+    server = served.serve(origin, bytes_per_second=2000)  # a slow link: each ~17 KB shard takes seconds
     try:
         path = ws / "config" / "corpora" / "mini_corpus.yaml"
         corpus = yaml.safe_load(path.read_text())
@@ -85,7 +85,7 @@ def test_status_shows_a_corpus_download_with_rate_and_eta(tmp_path):
             assert re.search(r"^corpus mini_corpus download: [\d.]+ KiB of [\d.]+ KiB \(\d+%\), [\d.]+ KiB/s, ETA \d+:\d\d$",
                              text, re.M), text
             assert stage["parts"] == 3  # the three download tasks, added up
-            assert stage["rate"] < 3 * 2 * 4000 * 1.5  # at most tasks x workers connections at the server's pace
+            assert stage["rate"] < 3 * 2 * 2000 * 1.5  # at most tasks x workers connections at the server's pace
         finally:
             out, _ = run.communicate(timeout=600)
         assert run.returncode == 0, out[-4000:]

@@ -7,9 +7,9 @@ that `mlrepro status` reads while the stage runs:
     {"what": "mini_corpus download", "unit": "B", "done": 1048576, "total": 4194304,
      "rate": 524288.0, "eta_s": 6.0, "elapsed_s": 2.0, "updated": 1795729300.1, "finished": false}
 
-Between two reports `add` costs a lock and a clock read, so a loop that calls it per 1 MiB
-block does not slow down (benchmarks/progress_overhead.py measures it). Several processes of
-one stage (download tasks of a Slurm array) each write their own file; `combine` adds them up.
+The reports come from a timer thread; `add` costs a lock, so a loop that calls it per 1 MiB block
+does not slow down (benchmarks/progress_overhead.py measures it). Several processes of one stage
+(download tasks of a Slurm array) each write their own file; `combine` adds them up.
 
 A download that another program does (an implementation's download script in its container)
 says nothing of its bytes: `watch_folder` samples the size of the folder it writes instead.
@@ -92,13 +92,17 @@ def write_file(path: Path, record: dict) -> None:
 class Meter:
     """Units done (bytes by default), reported every `interval` seconds to `logger` and `file`.
 
-    Thread-safe: the workers of a download share one meter. `total` may be unknown (None) or
-    grow as files start (`add_total`). `close()` writes the last report with finished=True.
+    The reports come from a timer thread, so a transfer that stalls still gets its line (rate 0)
+    rather than falling silent; `add` only counts, under a lock (the workers of a download share
+    one meter). `sample`, if given, is asked for the units done before each report (a folder's
+    size, see watch_folder). `total` may be unknown (None) or estimated as work proceeds
+    (`estimate_total`). `close()` stops the timer and writes the last report, finished=True.
     """
 
     def __init__(self, what: str, file: str | os.PathLike | None = None, *, total: float | None = None,
                  unit: str = "B", interval: float | None = None, logger: logging.Logger | None = None,
-                 now: Callable[[], float] = time.monotonic):
+                 now: Callable[[], float] = time.monotonic, sample: Callable[[], float] | None = None,
+                 timer: bool = True):
         self.what, self.unit = what, unit
         self.interval = INTERVAL_S if interval is None else interval
         self.file = Path(file) if file is not None else None
@@ -107,26 +111,29 @@ class Meter:
         self.reports = 0
         self._log = logger or log
         self._now = now
+        self._sample = sample
         self._lock = threading.Lock()
         self._start = now()
-        self._next = self._start + self.interval
         self._points: deque[tuple[float, float]] = deque([(self._start, 0.0)])
         self._closed = False
+        self._stop = threading.Event()
         self.report()  # a status read at once sees the stage at work, with 0 done
+        self._timer = None
+        if timer:
+            self._timer = threading.Thread(target=self._tick, name=f"progress {what}", daemon=True)
+            self._timer.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.report()
 
     def add(self, n: float) -> None:
         with self._lock:
             self.done += n
-            due = self._now() >= self._next
-        if due:
-            self.report()
 
     def set(self, done: float) -> None:
         with self._lock:
             self.done = done
-            due = self._now() >= self._next
-        if due:
-            self.report()
 
     def add_total(self, n: float) -> None:
         with self._lock:
@@ -138,6 +145,8 @@ class Meter:
             self.total = max(total, self.done)
 
     def snapshot(self, finished: bool = False) -> dict:
+        if self._sample is not None:
+            self.set(self._sample())
         with self._lock:
             t = self._now()
             done, total = self.done, self.total
@@ -160,7 +169,6 @@ class Meter:
 
     def report(self, finished: bool = False) -> dict:
         with self._lock:
-            self._next = self._now() + self.interval
             self.reports += 1
         record = self.snapshot(finished)
         self._log.info("%s", describe(record))
@@ -171,19 +179,28 @@ class Meter:
                 self._log.warning("cannot write %s: %s", self.file, exc)
         return record
 
+    def stop(self) -> None:
+        """No more reports from the timer (the file keeps the last one)."""
+        self._stop.set()
+        if self._timer is not None and self._timer is not threading.current_thread():
+            self._timer.join()
+
     def close(self) -> dict | None:
         if self._closed:
             return None
         self._closed = True
+        self.stop()
         return self.report(finished=True)
 
     def __enter__(self) -> "Meter":
         return self
 
     def __exit__(self, *exc) -> None:
-        # A stage that failed leaves its last report as it was: status then ages it out as stale.
+        # A stage that failed leaves its last report unfinished: status ages it out as stale.
         if exc[0] is None:
             self.close()
+        else:
+            self.stop()
 
 
 def folder_size(folder: Path) -> int:
@@ -206,30 +223,17 @@ def folder_size(folder: Path) -> int:
     return total
 
 
-class watch_folder:
-    """A thread that sets `meter` to the size of `folder` every `meter.interval` seconds, until exit.
+def watch_folder(what: str, folder: str | os.PathLike, file: str | os.PathLike | None = None, *,
+                 total: float | None = None, interval: float | None = None) -> Meter:
+    """A meter of the bytes written under `folder` from now on (a download another program does,
+    such as an implementation's download script in its container), sampled at each report.
 
-        with Meter("llama2_lora checkpoint", file, total=expected) as meter, watch_folder(dest, meter):
+        with progress.watch_folder("llama2_lora checkpoint", dest, file, total=expected):
             run(download_script)
     """
-
-    def __init__(self, folder: str | os.PathLike, meter: Meter, baseline: int = 0):
-        self.folder, self.meter, self.baseline = Path(folder), meter, baseline
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"watch {self.folder}", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.meter.interval):
-            self.meter.set(max(0, folder_size(self.folder) - self.baseline))
-
-    def __enter__(self) -> "watch_folder":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.meter.set(max(0, folder_size(self.folder) - self.baseline))
+    folder = Path(folder)
+    before = folder_size(folder)
+    return Meter(what, file, total=total, interval=interval, sample=lambda: max(0, folder_size(folder) - before))
 
 
 def read(path: str | os.PathLike, now: Callable[[], float] = time.time) -> dict | None:

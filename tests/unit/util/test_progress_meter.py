@@ -19,45 +19,59 @@ class Clock:
         return self.t
 
 
-def test_reports_come_at_the_interval_not_per_call(tmp_path, caplog):
+def test_reports_come_from_the_timer_at_the_interval_not_per_call(tmp_path):
+    meter = progress.Meter("ckpt download", tmp_path / "p.json", total=1 << 30, interval=0.1)
+    for _ in range(2000):
+        meter.add(1 << 19)
+    time.sleep(0.55)
+    reports = meter.reports
+    assert 4 <= reports <= 8  # one at the start, then one each 0.1 s: not 2000
+    # a stalled transfer keeps its lines coming, with the rate it has now
+    time.sleep(0.3)
+    assert meter.reports >= reports + 2
+    assert json.loads((tmp_path / "p.json").read_text())["done"] == 1000 << 20
+    meter.close()
+    stopped = meter.reports
+    time.sleep(0.25)
+    assert meter.reports == stopped
+
+
+def test_lines_in_the_log_say_bytes_rate_and_eta(tmp_path, caplog):
     clock = Clock()
     with caplog.at_level(logging.INFO, logger="mlrepro.util.progress"):
-        meter = progress.Meter("ckpt download", tmp_path / "p.json", total=100 << 20, interval=10, now=clock)
-        for _ in range(100):  # 100 MiB in 1 MiB blocks over 50 s: 2 MiB/s
+        meter = progress.Meter("ckpt download", tmp_path / "p.json", total=100 << 20, now=clock, timer=False)
+        for _ in range(40):  # 1 MiB blocks, 2 MiB/s
             clock.t += 0.5
             meter.add(1 << 20)
-    # one at the start, then one every 10 s of the 50: not one per block
-    assert meter.reports == 1 + 5
+        meter.report()
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0] == "ckpt download: 0 B of 100.0 MiB (0%), ETA ?"
-    assert lines[1] == "ckpt download: 20.0 MiB of 100.0 MiB (20%), 2.0 MiB/s, ETA 0:40"
-    record = json.loads((tmp_path / "p.json").read_text())
-    assert record["done"] == 100 << 20 and record["finished"] is False and record["eta_s"] == 0.0
+    assert lines == ["ckpt download: 0 B of 100.0 MiB (0%), ETA ?",
+                     "ckpt download: 40.0 MiB of 100.0 MiB (40%), 2.0 MiB/s, ETA 0:30"]
 
 
 def test_rate_follows_the_last_minute_and_eta_follows_the_rate(tmp_path):
     clock = Clock()
-    meter = progress.Meter("x", tmp_path / "p.json", total=1000, interval=10, now=clock)
+    meter = progress.Meter("x", tmp_path / "p.json", total=1000, now=clock, timer=False)
     for _ in range(12):  # two minutes at 5 units/s
         clock.t += 10
         meter.add(50)
+        meter.report()
     for _ in range(7):  # then a stall of 70 s
         clock.t += 10
-        meter.add(0)
-    record = progress.read(tmp_path / "p.json", now=lambda: time.time())
+        meter.report()
+    record = progress.read(tmp_path / "p.json")
     assert record["done"] == 600
     assert record["rate"] < 1  # a minute without bytes: the rate says so rather than the old mean
-    meter.add(0)
-    assert meter.snapshot()["eta_s"] is None or meter.snapshot()["eta_s"] > 400
+    assert record["eta_s"] is None or record["eta_s"] > 400
 
 
 def test_close_marks_the_file_finished_and_a_failed_stage_leaves_it_as_it_was(tmp_path):
     clock = Clock()
-    with progress.Meter("ok", tmp_path / "ok.json", total=10, now=clock) as meter:
+    with progress.Meter("ok", tmp_path / "ok.json", total=10, now=clock, timer=False) as meter:
         meter.add(10)
     assert progress.read(tmp_path / "ok.json")["finished"] is True
     try:
-        with progress.Meter("bad", tmp_path / "bad.json", total=10, now=clock) as meter:
+        with progress.Meter("bad", tmp_path / "bad.json", total=10, now=clock, timer=False) as meter:
             meter.add(3)
             raise RuntimeError("download failed")
     except RuntimeError:
@@ -108,11 +122,12 @@ def test_the_meter_is_shared_by_threads_without_losing_counts(tmp_path):
 def test_a_watched_folder_reports_the_bytes_written_into_it(tmp_path):
     dest = tmp_path / "checkpoint"
     (dest / "weights").mkdir(parents=True)
-    (dest / "old.bin").write_bytes(b"x" * 100)
-    meter = progress.Meter("script", tmp_path / "p.json", total=5000, interval=0.05)
-    with progress.watch_folder(dest, meter, baseline=progress.folder_size(dest)):
+    (dest / "old.bin").write_bytes(b"x" * 100)  # there before: not counted
+    with progress.watch_folder("script", dest, tmp_path / "p.json", total=5000, interval=0.05) as meter:
         for i in range(5):
             (dest / "weights" / f"part{i}").write_bytes(b"y" * 1000)
             time.sleep(0.06)
-    assert meter.done == 5000 and meter.reports >= 3
+        middle = json.loads((tmp_path / "p.json").read_text())
+    assert 0 < middle["done"] <= 5000 and meter.reports >= 3
+    assert json.loads((tmp_path / "p.json").read_text())["done"] == 5000
     assert progress.folder_size(tmp_path / "nowhere") == 0
