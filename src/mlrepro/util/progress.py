@@ -144,6 +144,11 @@ class Meter:
         with self._lock:
             self.total = max(total, self.done)
 
+    def set_total(self, total: float | None) -> None:
+        """The total, known at last (an estimate's shards that were not on the server count no more)."""
+        with self._lock:
+            self.total = total
+
     def snapshot(self, finished: bool = False) -> dict:
         if self._sample is not None:
             self.set(self._sample())
