@@ -245,6 +245,16 @@ def describe(text: str, runtime: str, *, root: Path | None = None, podman: list[
             "tag": found.pop("tag", ref.text), **found}
 
 
+def record_matches(record: dict, image: str | None, runtime: str) -> bool:
+    """Whether container.json (`record`) is of the image the configuration names now: the same
+    prebuilt image, or a build (or the host) where none is named, for the same kind of runtime."""
+    if image:
+        return record.get("prebuilt") is True and record.get("image") == image and record.get("runtime") == runtime
+    if record.get("prebuilt"):
+        return False
+    return (record.get("runtime", "none") == "none") == (runtime == "none")
+
+
 def plan_line(text: str | None, runtime: str, build_from: str | os.PathLike | None) -> str:
     """What the dry run says of a seed's image: the prebuilt one named, or what will be built."""
     if runtime == "none":

@@ -199,3 +199,15 @@ def test_an_image_the_registry_lacks_or_an_unreachable_registry_is_named(registr
         prebuilt.describe(f"127.0.0.1:{port}/team/mini:v2", "enroot")
     with pytest.raises(ImageError, match="cannot reach 127.0.0.1:9"):
         prebuilt.describe("127.0.0.1:9/team/mini:v1", "enroot")
+
+
+def test_a_record_matches_only_the_image_configured_now():
+    sqsh = {"prebuilt": True, "image": "/s/x.sqsh", "runtime": "enroot"}
+    assert prebuilt.record_matches(sqsh, "/s/x.sqsh", "enroot")
+    assert not prebuilt.record_matches(sqsh, "/s/y.sqsh", "enroot")  # another image named
+    assert not prebuilt.record_matches(sqsh, None, "enroot")  # the image dropped: a build
+    host = {"runtime": "none", "environment": {}}
+    assert prebuilt.record_matches(host, None, "none") and prebuilt.record_matches({}, None, "none")
+    assert not prebuilt.record_matches(host, "/s/x.sqsh", "enroot")  # the seeds would run on the host
+    built = {"runtime": "podman", "tag": "mlrepro/mini_lora:x"}
+    assert prebuilt.record_matches(built, None, "enroot") and not prebuilt.record_matches(built, None, "none")
