@@ -57,7 +57,7 @@ def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: 
         section = verdicts.render_section(json.loads(Path(verdict_file).read_text()),
                                           svg.read_text() if svg.is_file() else None)
     reports.write_report(json.loads(Path(score_file).read_text()), mllogs, out, plot_dir=plot_dir,
-                         verdict_html=section)
+                         verdict_html=section, measures=settings.benchmark(benchmark).target.get("measures"))
 
 
 def preflight_file(settings, benchmark: str) -> Path | None:

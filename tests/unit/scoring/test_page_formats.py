@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mlrepro.scoring import present
+from mlrepro.scoring import page as present
 
 
 @pytest.mark.parametrize("p, text", [(0.000769, "< 0.001"), (0.000183, "< 0.001"), (0.0042, "0.004"),
