@@ -20,7 +20,9 @@ import yaml
 
 import chromium_page
 from mlrepro import config as mlrepro_config
-from mlrepro import stages
+from mlrepro.stages import container as stages_container
+from mlrepro.stages import report as stages_report
+from mlrepro.stages import score as stages_score
 from workspace import make_workspace
 
 pytestmark = pytest.mark.skipif(not chromium_page.available(), reason="apt-get install -y chromium")
@@ -62,19 +64,19 @@ def pages(tmp_path_factory):
     results = ws / "results"
     for name, factor in (("mini_lora", 1.0), ("mini_lora_slower", 2.0)):
         out = results / name
-        stages.reference(settings, name, out / "reference.json")
+        stages_report.reference(settings, name, out / "reference.json")
         runs, mllogs = [], []
         for i, log in enumerate(reference_logs):
             mllog = shifted(log, out / f"seed_{i + 1}" / "mllog.txt", factor, name)
-            stages.score_seed(settings, name, i + 1, mllog, mllog.parent / "run.json")
+            stages_score.score_seed(settings, name, i + 1, mllog, mllog.parent / "run.json")
             runs.append(mllog.parent / "run.json")
             mllogs.append(mllog)
-        stages.container(settings, name, out / "container.json")
-        stages.score(settings, name, runs, mllogs, out / "score.json", reference_file=out / "reference.json",
+        stages_container.container(settings, name, out / "container.json")
+        stages_score.score(settings, name, runs, mllogs, out / "score.json", reference_file=out / "reference.json",
                      container_file=out / "container.json", verdict_out=out / "verdict.json",
                      distribution=out / "plots" / "distribution.svg", report_html=out / "report.html",
                      plot_dir=out / "plots")
-    stages.final_report(settings, [results / n / "verdict.json" for n in settings.benchmarks],
+    stages_report.final_report(settings, [results / n / "verdict.json" for n in settings.benchmarks],
                         results / "report.html", results / "summary.csv", results / "summary.json")
     shots = SCREENSHOTS / "report_at_a_glance"
     shutil.rmtree(shots, ignore_errors=True)
