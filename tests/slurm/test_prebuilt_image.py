@@ -4,8 +4,9 @@ The image is made beforehand, as a team would have it: an enroot .sqsh file, and
 podman store. The workflow checks it, records its digest and size, and hands it to run.sub as
 CONT; nothing is built (the .sqsh case runs with a podman that fails if called). The cluster has no
 pyxis (Debian packages none): tests/fixtures/pyxis_standin/srun plays its part, unpacking the
-named image and running the image's own run_and_time.sh. The dataset and base checkpoint come
-from an earlier run on this machine, as they would on a cluster whose data is already in place.
+named image and running the image's own run_and_time.sh. The dataset and base checkpoint are
+already in place, as on a cluster whose data is on a shared file system: made by an earlier run on
+this machine and named as `user_path` sources.
 """
 
 from __future__ import annotations
@@ -41,9 +42,21 @@ def system(ws: Path, runtime: str, image: str) -> str:
 
 @pytest.fixture(scope="module")
 def prepared(slurm_cluster, tmp_path_factory):
-    ws = make_workspace(tmp_path_factory.mktemp("prebuilt") / "ws")
-    run_snakemake(ws, "--profile", "profiles/local", "resources/mini_lora/data/manifest.json",
+    """The dataset and base checkpoint, made once on this machine."""
+    made = make_workspace(tmp_path_factory.mktemp("prebuilt") / "made")
+    run_snakemake(made, "--profile", "profiles/local", "resources/mini_lora/data/manifest.json",
                   "resources/mini_lora/checkpoint/manifest.json", timeout=1800)
+    return {"MINI_LORA_DATA": str(made / "resources" / "mini_lora" / "data"),
+            "MINI_LORA_CHECKPOINT": str(made / "resources" / "mini_lora" / "checkpoint")}
+
+
+def workspace_with_data_in_place(path: Path) -> Path:
+    ws = make_workspace(path)
+    config = ws / "config" / "benchmarks" / "mini_lora.yaml"
+    bench = yaml.safe_load(config.read_text())
+    bench["dataset"] = {"sources": [{"user_path": "MINI_LORA_DATA"}]}
+    bench["checkpoint"] = {"sources": [{"user_path": "MINI_LORA_CHECKPOINT"}]}
+    config.write_text(yaml.safe_dump(bench))
     return ws
 
 
@@ -52,7 +65,7 @@ def used(log: Path) -> list[dict]:
 
 
 def test_a_sqsh_file_is_used_as_named_and_nothing_is_built(prepared, tmp_path):
-    ws = prepared
+    ws = workspace_with_data_in_place(tmp_path / "ws")
     rootfs = tmp_path / "rootfs"
     shutil.copytree(ws / "implementations" / "mini_lora", rootfs / "workspace" / "ft-llm")
     sqsh = tmp_path / "images" / "mini_lora.sqsh"
@@ -64,7 +77,7 @@ def test_a_sqsh_file_is_used_as_named_and_nothing_is_built(prepared, tmp_path):
     trap.mkdir()
     (trap / "podman").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/podman-called\nexit 1\n")
     (trap / "podman").chmod(0o755)
-    env = {"PATH": f"{STANDIN}{os.pathsep}{trap}{os.pathsep}{os.environ['PATH']}",
+    env = {**prepared, "PATH": f"{STANDIN}{os.pathsep}{trap}{os.pathsep}{os.environ['PATH']}",
            "PYXIS_STANDIN_LOG": str(tmp_path / "pyxis.jsonl")}
     target = "results/mini_lora/seed_1/run.json"
 
@@ -89,7 +102,7 @@ def test_a_sqsh_file_is_used_as_named_and_nothing_is_built(prepared, tmp_path):
 def test_a_local_podman_image_is_used_by_reference(prepared, tmp_path):
     if shutil.which("podman") is None:
         pytest.skip("apt-get install -y podman")
-    ws = prepared
+    ws = workspace_with_data_in_place(tmp_path / "ws")
     runroot = tempfile.mkdtemp(prefix="mlrepro-pb-")  # podman refuses a runroot path over 50 characters
     store = {"MLREPRO_PODMAN_STORAGE_DRIVER": "vfs", "MLREPRO_PODMAN_ROOT": str(tmp_path / "store"),
              "MLREPRO_PODMAN_RUNROOT": runroot}
@@ -102,9 +115,9 @@ def test_a_local_podman_image_is_used_by_reference(prepared, tmp_path):
                        capture_output=True)
         before = subprocess.run([*podman, "images", "-q", "--no-trunc"], capture_output=True, text=True).stdout.split()
         name = system(ws, "podman", "localhost/team/mini_lora:v1")
-        env = {**store, "PATH": f"{STANDIN}{os.pathsep}{os.environ['PATH']}",
+        env = {**prepared, **store, "PATH": f"{STANDIN}{os.pathsep}{os.environ['PATH']}",
                "PYXIS_STANDIN_LOG": str(tmp_path / "pyxis.jsonl")}
-        run_snakemake(ws, *SLURM_ARGS, "results/mini_lora/seed_2/run.json", "--config", f"system={name}", env=env,
+        run_snakemake(ws, *SLURM_ARGS, "results/mini_lora/seed_1/run.json", "--config", f"system={name}", env=env,
                       timeout=1800)
         record = json.loads((ws / "results" / "mini_lora" / "container.json").read_text())
         image_id = subprocess.run([*podman, "image", "inspect", "--format", "{{.Id}}", "localhost/team/mini_lora:v1"],
@@ -116,7 +129,7 @@ def test_a_local_podman_image_is_used_by_reference(prepared, tmp_path):
         after = subprocess.run([*podman, "images", "-q", "--no-trunc"], capture_output=True, text=True).stdout.split()
         assert after == before  # no image was built beside it
         assert {u["image"] for u in used(tmp_path / "pyxis.jsonl")} == {"localhost/team/mini_lora:v1"}
-        run = json.loads((ws / "results" / "mini_lora" / "seed_2" / "run.json").read_text())
+        run = json.loads((ws / "results" / "mini_lora" / "seed_1" / "run.json").read_text())
         assert run["status"] == "success" and run["converged"] is True
     finally:
         subprocess.run([*podman, "system", "reset", "--force"], capture_output=True)
