@@ -25,7 +25,7 @@ from mlrepro.stages import report as stages_report
 from mlrepro.stages import score as stages_score
 from workspace import make_workspace
 
-pytestmark = pytest.mark.skipif(not chromium_page.available(), reason="apt-get install -y chromium")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not chromium_page.available(), reason="apt-get install -y chromium")]
 
 WIDTHS = (1280, 390)
 SCREENSHOTS = Path(__file__).resolve().parents[2] / ".screenshots"  # kept for a person to look at (gitignored)
