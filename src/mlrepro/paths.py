@@ -219,3 +219,20 @@ def finished_file(seed_folder: Path) -> Path:
 def read_failure(seed_folder: Path) -> dict | None:
     """failure.json of a seed: why its last attempt failed."""
     return read_json_if_exists(seed_folder / "failure.json")
+
+
+def progress_file(log: Path) -> Path:
+    """A long stage's progress (mlrepro.util.progress), beside its log: logs/.../<stage>.progress.json."""
+    log = Path(log)
+    return log.with_name(log.stem + ".progress.json")
+
+
+def progress_files(root: Path, benchmark: str, corpus: str | None = None) -> list[Path]:
+    """Every progress file of a benchmark's stages (dataset, checkpoint) and of its corpus's."""
+    folders = [Path(root) / "logs" / benchmark] + ([Path(root) / "logs" / "corpora" / corpus] if corpus else [])
+    return sorted(p for f in folders for p in f.glob("*.progress.json"))
+
+
+def corpus_task_log(root: Path, corpus: str, stage: str, index: int | str) -> Path:
+    """The log of one task of a corpus stage's array (index %a in an sbatch --output pattern)."""
+    return Path(root) / "logs" / "corpora" / corpus / f"{stage}_task_{index}.log"

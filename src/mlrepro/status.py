@@ -95,21 +95,99 @@ def _nodes(value) -> list[str] | None:
 
 
 def seed_status(seed: int, folder: Path,
-                job_info: Callable[[str], slurm.JobInfo] | None = None) -> SeedStatus:
+                job_info: Callable[[str], slurm.JobInfo] | None = None,
+                evals: Callable[[Path], dict | None] | None = None) -> SeedStatus:
     """The state of one seed from its folder and, if it has a live job, from Slurm; a seed still
-    at work shows its progress (step, tokens, loss, ETA) from its live log."""
+    at work shows its progress from its live log: a pretraining seed's step, tokens, loss and ETA,
+    an MLPerf seed's samples against the reference's (`evals`, see mlperf_progress) and ETA."""
     from mlrepro.pretrain import progress
 
     status = _seed_status(seed, folder, job_info)
     if (plan := paths.read_plan(folder)) is not None:
         status.ranks, status.walltime_minutes = plan.get("ranks"), plan.get("walltime_minutes")
-    training = status.state not in (DONE, FAILED, MISSING) and not (folder / "mllog.txt").is_file()
+    trained = (folder / "mllog.txt").is_file()
+    training = status.state not in (DONE, FAILED, MISSING) and not trained
+    found, describe = None, None
     if training and (found := progress.live(folder)):
+        describe = progress.describe
+    elif training and evals is not None and (found := evals(folder)):
+        describe = mlperf_describe
+    if found:
         status.progress = found
-        status.reason = progress.describe(found)
+        status.reason = describe(found)
         if status.state == NOT_STARTED and found["age_s"] < progress.STALE_S:  # a local seed (no Slurm job id) that is writing its log
             status.state = RUNNING
+    if status.state == NOT_STARTED and trained:
+        status.state, status.reason = FINISHING, "trained; its score is not written yet"
     return status
+
+
+def mlperf_describe(p: dict) -> str:
+    from mlrepro.scoring import live
+
+    return live.describe(p)
+
+
+def current_log(seed_dir: Path) -> Path | None:
+    """The newest log of the seed's current attempt (job.json's logdir), or None."""
+    job = _read_json(seed_dir / "job.json") or {}
+    logdir = Path(job.get("logdir") or "")
+    if not job.get("logdir") or not logdir.is_dir():
+        return None
+    logs = sorted((p for p in logdir.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+    return logs[-1] if logs else None
+
+
+def mlperf_progress(benchmark_dir: Path) -> Callable[[Path], dict | None] | None:
+    """How to read an MLPerf-style seed's progress from its eval events: the benchmark's metric and
+    target from its config, the reference's samples to converge from reference.json (when written)."""
+    import time
+
+    from mlrepro import config
+    from mlrepro.scoring import live
+
+    root = benchmark_dir.resolve().parent.parent
+    try:
+        bench = config.load_benchmark(root, benchmark_dir.name)
+    except (config.ConfigError, OSError):
+        return None
+    if bench.is_pretrain:
+        return None
+    reference = live.reference_samples(_read_json(benchmark_dir / "reference.json"))
+
+    def read(seed_dir: Path) -> dict | None:
+        log = current_log(seed_dir)
+        if log is None:
+            return None
+        found = live.parse(live.tail(log), bench.target["metric"], bench.target, reference)
+        if found is not None:
+            found["age_s"] = round(time.time() - log.stat().st_mtime, 1)
+        return found
+
+    return read
+
+
+def stage_progress(benchmark_dir: Path) -> list[dict]:
+    """The progress files of the benchmark's long stages (downloads), a corpus's tasks added up."""
+    from mlrepro import config
+    from mlrepro.util import progress
+
+    root = benchmark_dir.resolve().parent.parent
+    corpus = None
+    try:
+        corpus = config.load_benchmark(root, benchmark_dir.name).corpus
+    except (config.ConfigError, OSError):
+        pass
+    groups: dict[str, list[dict]] = {}
+    for path in paths.progress_files(root, benchmark_dir.name, corpus):
+        record = progress.read(path)
+        if record is None:
+            continue
+        stage = path.name.removesuffix(".progress.json")
+        what = (f"corpus {corpus} {stage.split('_task_')[0]}" if path.parent.name == corpus
+                and path.parent.parent.name == "corpora" else f"{benchmark_dir.name} {stage}")
+        groups.setdefault(what, []).append(record)
+    return [{"stage": what, **progress.combine(records, what)} for what, records in groups.items()]
 
 
 def _seed_status(seed: int, folder: Path,
@@ -199,7 +277,9 @@ def benchmark_status(benchmark_dir: Path, seeds: Iterable[int] | None = None,
     """Every seed's status: the seed folders found plus any expected `seeds` without one."""
     found = paths.seed_dirs(benchmark_dir)
     wanted = sorted(set(found) | set(seeds or ()))
-    return [seed_status(s, found.get(s, paths.seed_dir(benchmark_dir.parent.parent, benchmark_dir.name, s)), job_info) for s in wanted]
+    evals = mlperf_progress(benchmark_dir)
+    return [seed_status(s, found.get(s, paths.seed_dir(benchmark_dir.parent.parent, benchmark_dir.name, s)), job_info,
+                        evals) for s in wanted]
 
 
 def configured_seeds(benchmark_dir: Path) -> list[int] | None:
@@ -256,12 +336,18 @@ def run(args: argparse.Namespace) -> int:
     job_info = None if args.no_slurm else (lambda job_id: slurm.job_info(job_id,
                                                                             status_command=args.status_command))
     rows = benchmark_status(folder, seeds, job_info)
+    stages = stage_progress(folder)
     counts = summary(rows)
     extra = reproduction(folder)
     if args.json:
-        print(json.dumps({"benchmark": folder.name, "folder": str(folder), "counts": counts,
+        print(json.dumps({"benchmark": folder.name, "folder": str(folder), "counts": counts, "stages": stages,
                           "seeds": [asdict(r) for r in rows], **extra}, indent=2))
         return 0
+    from mlrepro.util import progress
+
+    for stage in stages:
+        if stage["live"]:
+            print(progress.describe(stage))
     if not rows:
         print(f"{folder}: no seed folders (seed_<N>) yet")
         return 0

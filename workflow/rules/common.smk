@@ -206,13 +206,24 @@ def seed_data(wc):
 
 
 def implementation_files(wc):
-    """Input helper: the build context of the benchmark's image (the chosen implementation folder)."""
+    """Input helper: the build context of the benchmark's image (the chosen implementation folder);
+    for a prebuilt image only the implementation (nothing is built from its files)."""
     from mlrepro.container import context
 
     ready = implementation_ready(wc)
     b = bench(wc.benchmark)
+    if mlrepro_config.prebuilt_image(b, SYSTEM):
+        return ready
     folder = kinds.of(b).implementation_folder(b, SYSTEM)
     return ready + [str(folder / p) for p in context.context_files(folder)]
+
+
+def image_line(wc):
+    """What the dry run says of a benchmark's image: the prebuilt one named, or what is built."""
+    from mlrepro.container import prebuilt
+
+    return prebuilt.plan_line(mlrepro_config.prebuilt_image(bench(wc.benchmark), SYSTEM), SYSTEM.container_runtime,
+                              "the implementation's Dockerfile")
 
 
 # config/preflight.yaml validated at parse time: a bad key, or a Megatron layout the node cannot

@@ -22,6 +22,10 @@ checkpoint container:
         "results/{benchmark}/container.json",
     log:
         "logs/{benchmark}/container.log",
+    params:
+        image=image_line,
+    message:
+        "{wildcards.benchmark} container: {params.image}"
     localrule: True
     script:
         "../scripts/stage.py"

@@ -12,8 +12,10 @@ rule train_seed:
         seed_file("run.log"),
     params:
         plan=lambda wc: seed_plan(wc, "describe"),
+        image=image_line,
     message:
-        "{wildcards.benchmark} seed {wildcards.seed}: {params.plan}"
+        # the image on a line of its own: the plan line ends with the exact sbatch command
+        "{wildcards.benchmark} seed {wildcards.seed}: {params.plan}\n    {wildcards.benchmark} seed {wildcards.seed} {params.image}"
     threads: lambda wc: seed_plan(wc, "local_threads")
     resources:
         runtime=lambda wc: seed_plan(wc, "walltime_minutes"),

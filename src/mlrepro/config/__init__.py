@@ -102,6 +102,7 @@ class System:
     exclude_nodes: tuple[str, ...] = ()
     container_runtime: str = "none"
     container_registry: str | None = None
+    container_images: dict = field(default_factory=dict)  # benchmark -> prebuilt image (mlrepro.container.prebuilt)
     implementation_configs: dict = field(default_factory=dict)
     slurm_status_command: str = "sacct"
     slurm_poll_seconds: float = 30.0
@@ -136,6 +137,7 @@ class Benchmark:
     segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.launch.chain)
     pretrain: dict | None = None  # GPT pretraining: model, tokens, layouts (see mlrepro.pretrain.megatron_plan)
     early_stop: Any = None  # the opt-in early stop; wins over the system's
+    container_image: str | None = None  # a prebuilt image instead of a build (mlrepro.container.prebuilt)
 
     @property
     def is_pretrain(self) -> bool:
@@ -265,6 +267,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         segments=data.get("segments"),
         pretrain=data.get("pretrain"),
         early_stop=data.get("early_stop"),
+        container_image=data.get("container_image"),
     )
 
 
@@ -299,6 +302,7 @@ def load_system(root: Path, name: str) -> System:
         exclude_nodes=tuple(data["exclude_nodes"]),
         container_runtime=data["container_runtime"],
         container_registry=data["container_registry"],
+        container_images=dict(data["container_images"]),
         implementation_configs=dict(data["implementation_configs"]),
         slurm_status_command=slurm.get("status_command", "sacct"),
         slurm_poll_seconds=float(slurm.get("poll_seconds", 30)),
@@ -370,3 +374,13 @@ def load(config: dict, root: str | Path) -> Settings:
     return Settings(root=root, benchmarks=benchmarks, system=system, submitter=data["submitter"], corpora=corpora,
                     default_corpora=tuple(listed),
                     pretrain_overrides=dict(data.get("pretrain") or {}))
+
+
+def prebuilt_image(bench: Benchmark, system: System) -> str | None:
+    """The prebuilt image `bench` runs in on `system` (the system's container_images, else the
+    benchmark's container_image), or None: the implementation's Dockerfile is built."""
+    image = system.container_images.get(bench.name) or bench.container_image
+    if image and system.container_runtime == "none":
+        raise ConfigError(f"{bench.name} names the image {image!r}, but system {system.name} has container_runtime "
+                          f"none (seeds run on the host): set container_runtime enroot or podman, or drop the image")
+    return image

@@ -146,7 +146,8 @@ def fetch_hub_shards(hub: dict, wanted: list[Shard], folder: Path, *, workers: i
             os.replace(got, folder / s.name)
 
 
-def fetch_shard(shard: Shard, dest: Path, *, retries: int, token: str | None, expected: dict | None) -> int | None:
+def fetch_shard(shard: Shard, dest: Path, *, retries: int, token: str | None, expected: dict | None,
+                progress=None) -> int | None:
     """Bring one shard to `dest`; its size, or None when the source does not have it (404)."""
     if shard.hub_path is not None:  # fetched by fetch_hub_shards
         if not dest.exists():
@@ -166,7 +167,7 @@ def fetch_shard(shard: Shard, dest: Path, *, retries: int, token: str | None, ex
             os.replace(tmp, dest)
         return dest.stat().st_size
     try:
-        http.http_download(shard.source, dest, retries=retries, token=token,
+        http.http_download(shard.source, dest, retries=retries, token=token, progress=progress,
                            expected_size=(expected or {}).get("size"), sha256=(expected or {}).get("sha256"))
     except checks.DownloadError as exc:
         if _is_not_found(exc):
@@ -177,10 +178,13 @@ def fetch_shard(shard: Shard, dest: Path, *, retries: int, token: str | None, ex
 
 def download_share(shards: list[Shard], rank: int, world: int, folder: Path, report: Path, *,
                    workers: int = 8, retries: int = 5, token_env: str | None = None,
-                   manifest: dict | None = None, already: callable | None = None, hub: dict | None = None) -> dict:
+                   manifest: dict | None = None, already: callable | None = None, hub: dict | None = None,
+                   meter=None) -> dict:
     """Download task `rank`'s share into `folder`; write and return its report.
 
-    `already(shard)` says a shard is done in a later form (extracted, its .zst removed).
+    `already(shard)` says a shard is done in a later form (extracted, its .zst removed). `meter`
+    (a util.progress.Meter) counts the bytes; its total is the share's shards at the mean size of
+    those done so far (a manifest's sizes where it has them), so the ETA firms up as shards finish.
     """
     token = checks.require_token(token_env, purpose="download the corpus") if token_env and not hub else None
     mine = [shards[p] for p in share(len(shards), rank, world)]
@@ -190,11 +194,21 @@ def download_share(shards: list[Shard], rank: int, world: int, folder: Path, rep
         fetch_hub_shards(hub, [s for s in mine if not (already and already(s))], folder, workers=workers,
                          token_env=token_env or "HF_TOKEN", token_required=bool(token_env))
 
+    todo = [s for s in mine if not (already is not None and already(s))]
+    sizes = [m["size"] for m in (manifest or {}).values() if isinstance(m, dict) and m.get("size")]
+    if meter is not None and sizes and len(sizes) >= len(todo):
+        meter.estimate_total(sum(((manifest or {}).get(s.name) or {}).get("size") or 0 for s in todo))
+    finished: list[int] = []
+
     def one(shard: Shard):
         if already is not None and already(shard):
             return shard, 0  # extracted and removed by an earlier run: present, its bytes no longer here
-        return shard, fetch_shard(shard, folder / shard.name, retries=retries, token=token,
-                                  expected=(manifest or {}).get(shard.name))
+        size = fetch_shard(shard, folder / shard.name, retries=retries, token=token,
+                           expected=(manifest or {}).get(shard.name), progress=meter.add if meter else None)
+        if meter is not None and size and not sizes:
+            finished.append(size)
+            meter.estimate_total(sum(finished) / len(finished) * len(todo))
+        return shard, size
 
     files, missing, errors = {}, [], []
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -212,6 +226,8 @@ def download_share(shards: list[Shard], rank: int, world: int, folder: Path, rep
     if errors:
         raise CorpusError(f"task {rank} of {world}: {len(errors)} shard(s) failed:\n  " + "\n  ".join(errors[:20]))
     result = {"rank": rank, "world": world, "files": files, "missing": missing}
+    if meter is not None:
+        meter.set_total(meter.done)  # the estimate counted the shards the server does not have
     atomic_write_json(report, result)
     log.info("task %d of %d: %d files, %d not on the server", rank, world, len(files), len(missing))
     return result

@@ -32,6 +32,7 @@ from pathlib import Path
 from mlrepro import paths
 from mlrepro.corpus import blend, concat, extract, preprocess, shards
 from mlrepro.data import checks, http
+from mlrepro.util import progress
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -108,13 +109,16 @@ def download_task(corpus: dict, root: Path, rank: int, report: Path | None = Non
     base = folder(root, corpus["name"])
     dl = corpus["download"]
     extracted = base / "extracted"
-    shards.download_share(
-        shard_list(corpus, root), rank, dl["array_tasks"], base / "shards", report or task_report(corpus, root, rank),
-        workers=dl["workers"], retries=dl["retries"], token_env=corpus["source"].get("token_env"),
-        manifest=_manifest(corpus, root), hub=corpus["source"].get("hub"),
-        # A shard extracted and removed (delete_compressed) is not downloaded again.
-        already=lambda s: (extracted / extract.extracted_name(s.name)).exists() and not (base / "shards" / s.name).exists(),
-    )
+    # One file per task: the tasks of a Slurm array run apart; `mlrepro status` adds them up.
+    watched = paths.progress_file(paths.corpus_task_log(root, corpus["name"], "download", rank))
+    with progress.Meter(f"{corpus['name']} download, task {rank}", watched) as meter:
+        shards.download_share(
+            shard_list(corpus, root), rank, dl["array_tasks"], base / "shards", report or task_report(corpus, root, rank),
+            workers=dl["workers"], retries=dl["retries"], token_env=corpus["source"].get("token_env"),
+            manifest=_manifest(corpus, root), hub=corpus["source"].get("hub"), meter=meter,
+            # A shard extracted and removed (delete_compressed) is not downloaded again.
+            already=lambda s: (extracted / extract.extracted_name(s.name)).exists() and not (base / "shards" / s.name).exists(),
+        )
 
 
 def task_report(corpus: dict, root: Path, rank: int) -> Path:

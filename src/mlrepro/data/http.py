@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from mlrepro.util.fsutil import sha256_file
@@ -116,6 +116,7 @@ def http_download(
     max_wait: float = 300.0,
     timeout: float = 60.0,
     chunk_size: int = 1 << 20,
+    progress: Callable[[int], None] | None = None,
 ) -> Path:
     """Download `url` to `dest`; resumable, retried, verified, atomic.
 
@@ -127,7 +128,8 @@ def http_download(
     checked; a mismatch removes the partial file and raises DownloadError, so
     `dest` exists only when it is right. `token`, if given, is sent as
     `Authorization: Bearer ...` (dropped on redirects to another host) and is
-    never part of any message.
+    never part of any message. `progress(n)` is told of every block of n bytes
+    written (a util.progress.Meter's add; a restarted transfer's bytes count again).
     """
     dest = Path(dest)
     part = _part_path(dest)
@@ -150,7 +152,7 @@ def http_download(
     while True:
         try:
             _transfer(url, part, expected_size=expected_size, token=token, headers=headers,
-                      timeout=timeout, chunk_size=chunk_size)
+                      timeout=timeout, chunk_size=chunk_size, progress=progress)
             break
         except _Interrupted as exc:
             have = part.stat().st_size if part.exists() else 0
@@ -187,7 +189,8 @@ def http_download(
 
 
 def _transfer(url: str, part: Path, *, expected_size: int | None, token: str | None,
-              headers: Mapping[str, str] | None, timeout: float, chunk_size: int) -> None:
+              headers: Mapping[str, str] | None, timeout: float, chunk_size: int,
+              progress: Callable[[int], None] | None = None) -> None:
     """One request: append to `part` until the body ends. Raises _Interrupted / _RetryLater / DownloadError."""
     shown = _safe_url(url)
     offset = part.stat().st_size if part.exists() else 0
@@ -254,6 +257,8 @@ def _transfer(url: str, part: Path, *, expected_size: int | None, token: str | N
                 while block := resp.read(chunk_size):
                     out.write(block)
                     got += len(block)
+                    if progress is not None:
+                        progress(len(block))
         except _CONNECTION_ERRORS as err:
             if got:
                 raise _Interrupted(f"{err.__class__.__name__} after {offset + got:,} bytes") from None

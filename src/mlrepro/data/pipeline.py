@@ -10,6 +10,7 @@ from typing import Callable
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.data import checks, hub, manifest, mounts, scripts
+from mlrepro.util import progress
 from mlrepro.util.fsutil import atomic_dir
 from mlrepro.util.proc import run_logged
 
@@ -59,7 +60,11 @@ def fill_stage(settings: mlrepro_config.Settings, benchmark: str, stage: str, ou
                 checked = where / source["into"] if source["into"] else where
             else:
                 checked = where = partial / source["into"] if source["into"] else partial
-                _fetch_source(source, where, spec, image, impl, log_path, stage, {**bench.env, **token_env})
+                # The bytes arriving in the folder, against expected-mounts.csv's sizes where it has them:
+                # the script or tool that downloads says nothing mlrepro can read.
+                total = sum(e.num_bytes for e in expected if e.key == source.get("expected_mounts")) or None
+                with progress.watch_folder(f"{benchmark} {stage}", where, paths.progress_file(log_path), total=total):
+                    _fetch_source(source, where, spec, image, impl, log_path, stage, {**bench.env, **token_env})
             if source.get("expected_mounts"):
                 _check_mounts(checked, source["expected_mounts"], expected, mounts_csv, stage)
         for name in manifest.drop_transfer_state(partial):

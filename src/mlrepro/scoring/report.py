@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mlrepro.scoring.page import CSS, escape, inline_svg, number, plt
+from mlrepro.scoring import page
+from mlrepro.scoring.page import CSS, VIEWPORT, escape, inline_svg, number, plt
 from mlrepro.util.fsutil import atomic_write_text
 from mlrepro.scoring.mllog import parse_log
 
@@ -39,7 +40,7 @@ def _evals_by_run(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None) -
     return out
 
 
-def _eval_plot(score: dict, series: list[tuple[str, list]]) -> str:
+def _eval_plot(score: dict, series: list[tuple[str, list]], measures: str | None = None) -> str:
     t = score["target"]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for label, pts in series:
@@ -47,8 +48,18 @@ def _eval_plot(score: dict, series: list[tuple[str, list]]) -> str:
             xs, ys = zip(*sorted(pts))
             ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=label)
     ax.axhline(t["value"], color="red", linestyle="--", linewidth=1.2, label=f"target {t['direction']} {t['value']:g}")
+    xs_all = [x for _, pts in series for x, _ in pts]
+    if xs_all:
+        ax.set_xlim(0, max(xs_all) * 1.03)
+        # The first evals of a run from scratch sit far above the rest; scaled to them, the approach to
+        # the target (what decides time to train) would be a flat line at the bottom. The axis spans the
+        # evals after the first tenth of the samples, and the target; earlier ones run off the top.
+        late = [y for _, pts in series for x, y in pts if x >= 0.1 * max(xs_all)] or [y for _, pts in series for _, y in pts]
+        low, high = min(min(late), t["value"]), max(max(late), t["value"])
+        pad = 0.08 * (high - low or abs(high) or 1)
+        ax.set_ylim(low - pad, high + pad)
     ax.set_xlabel("samples")
-    ax.set_ylabel(t["metric"])
+    ax.set_ylabel(f"{t['metric']} ({page.measures({**t, 'measures': measures}, score.get('mlperf_benchmark'))})")
     ax.set_title(f"{t['metric']} against samples, every seed")
     ax.grid(alpha=.3)
     ax.legend(fontsize=7, ncol=2)
@@ -73,51 +84,58 @@ def _time_plot(score: dict) -> str:
     return inline_svg(fig)
 
 
-def plots(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None) -> dict[str, str]:
+def plots(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None,
+          measures: str | None = None) -> dict[str, str]:
     """The report's figures as SVG text: `convergence` (metric vs samples) and `time_to_train`."""
-    return {"convergence": _eval_plot(score, _evals_by_run(score, logs)), "time_to_train": _time_plot(score)}
+    return {"convergence": _eval_plot(score, _evals_by_run(score, logs), measures), "time_to_train": _time_plot(score)}
 
 
 def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = None,
-                  figures: Mapping[str, str] | None = None, verdict_html: str | None = None) -> str:
+                  figures: Mapping[str, str] | None = None, verdict_html: str | None = None,
+                  measures: str | None = None) -> str:
     """The report page as a string (`figures` from plots(), made from `logs` when not given).
 
-    `verdict_html` (mlrepro.scoring.verdict.render_section) follows the score: how it compares with the reference.
+    `verdict_html` (mlrepro.scoring.verdict.render_section) opens the page: how it compares with the
+    reference, what the page is read for. `measures` says what the metric measures where its name
+    does not (the benchmark's target.measures).
     """
-    figures = figures or plots(score, logs)
+    figures = figures or plots(score, logs, measures)
     valid = bool(score.get("valid"))
     t = score["target"]
     rules = (f"MLPerf Training {score.get('ruleset')} ({score.get('mlperf_benchmark')})"
              if score.get("mlperf_benchmark") else "no MLPerf ruleset: generic checks")
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(score['benchmark'])} score</title>",
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>{escape(score['benchmark'])}</h1><div class='small'>{escape(rules)}; target {escape(t['metric'])} "
-             f"{escape(t['direction'])} {escape(t['value'])}; {escape(score.get('required_runs'))} runs required</div>",
-             f"<div class='verdict {'valid' if valid else 'invalid'}' id='score'>score "
-             f"<b>{number(score.get('score_minutes'))}</b> minutes &mdash; {'VALID' if valid else 'NOT VALID'}"
-             f"<div class='small'>olympic mean {number(score.get('olympic_minutes'))} min &times; RCP scaling "
-             f"{number(score['rcp'].get('scaling_factor'), '.6f')}</div></div>"]
+    what = page.measures({**t, "measures": measures}, score.get("mlperf_benchmark"))
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>{VIEWPORT}<title>{escape(score['benchmark'])} "
+             f"score</title><style>{CSS}</style></head><body>",
+             f"<h1>{escape(score['benchmark'])}</h1><div class='small' id='target'>{escape(rules)}; target "
+             f"{escape(page.target_text(t))}; {escape(t['metric'])} is the {escape(what)}; "
+             f"{escape(score.get('required_runs'))} runs required</div>"]
+    if verdict_html:
+        parts.append(verdict_html)
+    parts.append(f"<div class='verdict {'valid' if valid else 'invalid'}' id='score'>score "
+                 f"<b>{number(score.get('score_minutes'))}</b> minutes &mdash; {'VALID' if valid else 'NOT VALID'}"
+                 f"<div class='small'>olympic mean {number(score.get('olympic_minutes'))} min &times; RCP scaling "
+                 f"{page.factor(score['rcp'].get('scaling_factor'))}</div></div>")
     if score.get("reasons"):
         parts.append("<h3>Why not valid</h3><ul>" + "".join(f"<li class='bad'>{escape(r)}</li>" for r in score["reasons"])
                      + "</ul>")
-    if verdict_html:
-        parts.append(verdict_html)
-    parts.append("<h2>Runs</h2><table id='runs'><tr><th>seed</th><th>minutes</th><th>status</th><th>samples to "
-                 "converge</th><th>compliance</th><th>counted</th><th>reasons / problems</th><th>file</th></tr>")
+    parts.append("<h2>Runs</h2><div class='scroll'><table id='runs'><tr><th>seed</th><th class='num'>minutes</th>"
+                 "<th>status</th><th class='num'>samples to converge</th><th>compliance</th><th>counted</th>"
+                 "<th>reasons / problems</th><th>file</th></tr>")
     for r in score.get("runs") or []:
         comp = r.get("compliance") or {}
-        comp_s = "not run" if not comp.get("checked") else ("pass" if comp.get("pass") else "FAIL")
+        comp_s, comp_cls = page.compliance(r, score)
         # flags: a pretraining run's loss leaving its reference band (mlrepro.scoring.megatron_score)
         notes = [*(f"FLAG: {f}" for f in r.get("flags") or []), *(r.get("reasons") or []),
                  *(comp.get("reasons") or [] if comp.get("checked") else []),
                  *(r.get("problems") or [])]
         parts.append(
-            f"<tr><td>{escape(r.get('seed'))}</td><td>{number(r.get('minutes'))}</td><td>{escape(r.get('status'))}</td>"
-            f"<td>{escape(r.get('samples_to_converge'))}</td><td class='{'ok' if comp.get('pass') else 'bad'}'>"
-            f"{escape(comp_s)}</td><td class='{'ok' if r.get('counted') else 'bad'}'>"
-            f"{'yes' if r.get('counted') else 'no'}</td><td>{'<br>'.join(escape(n) for n in notes[:8])}</td>"
+            f"<tr><td>{escape(r.get('seed'))}</td><td class='num'>{number(r.get('minutes'))}</td>"
+            f"<td>{escape(r.get('status'))}</td><td class='num'>{page.samples(r.get('samples_to_converge'))}</td>"
+            f"<td class='{comp_cls}'>{escape(comp_s)}</td><td class='{'ok' if r.get('counted') else 'bad'}'>"
+            f"{'yes' if r.get('counted') else 'no'}</td><td class='why'>{'<br>'.join(escape(n) for n in notes[:8])}</td>"
             f"<td class='small'>{escape('/'.join(Path(str(r.get('file'))).parts[-2:]))}</td></tr>")
-    parts.append("</table>")
+    parts.append("</table></div>")
     parts.append(_segments_html(score.get("runs") or []))
     parts.append(f"<h2>Convergence</h2><figure id='eval-plot'>{figures['convergence']}</figure>")
     parts.append(f"<h2>Time to train</h2><figure id='time-plot'>{figures['time_to_train']}</figure>")
@@ -125,13 +143,15 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     rcp_s = "not checked" if not rcp.get("checked") else ("PASS" if rcp.get("pass") else "FAIL")
     n_comp = [r for r in score.get("runs") or [] if (r.get("compliance") or {}).get("checked")]
     comp_pass = sum(1 for r in n_comp if r["compliance"].get("pass"))
-    parts.append("<h2>Verdicts</h2><table id='verdicts'>"
-                 f"<tr><th>compliance checker</th><td>{comp_pass} of {len(n_comp)} checked runs pass"
-                 f"{'' if n_comp else ' (no MLPerf ruleset, not run)'}</td></tr>"
+    miniature = not score.get("ruleset") and not score.get("mlperf_benchmark")
+    compliance_s = ("no ruleset (miniature): the compliance checker does not apply" if miniature
+                    else f"{comp_pass} of {len(n_comp)} checked runs pass")
+    parts.append("<h2>Verdicts</h2><div class='scroll'><table id='verdicts'>"
+                 f"<tr><th>compliance checker</th><td class='{'na' if miniature else ''}'>{compliance_s}</td></tr>"
                  f"<tr><th>RCP check</th><td>{rcp_s}: {escape(rcp.get('reason'))}</td></tr>"
-                 f"<tr><th>RCP mean / submission mean</th><td>{escape(rcp.get('rcp_mean'))} / "
-                 f"{escape(rcp.get('submission_mean'))} samples</td></tr>"
-                 f"<tr><th>scaling factor</th><td>{number(rcp.get('scaling_factor'), '.6f')}</td></tr></table>")
+                 f"<tr><th>RCP mean / submission mean</th><td>{page.samples(rcp.get('rcp_mean'))} / "
+                 f"{page.samples(rcp.get('submission_mean'))} samples</td></tr>"
+                 f"<tr><th>scaling factor</th><td>{page.factor(rcp.get('scaling_factor'))}</td></tr></table></div>")
     parts.append("</body></html>\n")
     return "".join(parts)
 
@@ -149,21 +169,22 @@ def _segments_html(runs: list[dict]) -> str:
         for r in chained for s in r["segments"])
     return ("<h2>Segments</h2><div class='small'>Seeds longer than the job limit ran as chained jobs, each resuming "
             "from the last checkpoint; time to train adds up the segments' training time.</div>"
-            "<table id='segments'><tr><th>seed</th><th>job</th><th>steps</th><th>training s</th><th>wall s</th>"
-            f"<th>ended</th><th>val loss</th><th>error</th></tr>{rows}</table>")
+            "<div class='scroll'><table id='segments'><tr><th>seed</th><th>job</th><th>steps</th><th>training s</th>"
+            f"<th>wall s</th><th>ended</th><th>val loss</th><th>error</th></tr>{rows}</table></div>")
 
 
 def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, out_html: str | os.PathLike,
-                 plot_dir: str | os.PathLike | None = None, verdict_html: str | None = None) -> Path:
+                 plot_dir: str | os.PathLike | None = None, verdict_html: str | None = None,
+                 measures: str | None = None) -> Path:
     """Write the report for `score` (a score_runs result) to `out_html` atomically.
 
     `logs` maps seed → log path (or lists log paths) for the convergence plot;
     with None the evaluations stored in each run of `score` are used. With `plot_dir`,
     the figures are also written there as convergence.svg and time_to_train.svg.
     """
-    figures = plots(score, logs)
+    figures = plots(score, logs, measures)
     out = Path(out_html)
-    atomic_write_text(out, render_report(score, figures=figures, verdict_html=verdict_html))
+    atomic_write_text(out, render_report(score, figures=figures, verdict_html=verdict_html, measures=measures))
     if plot_dir is not None:
         for name, svg in figures.items():
             atomic_write_text(Path(plot_dir) / f"{name}.svg", svg)
@@ -200,15 +221,15 @@ def tree_table_html(table) -> str:
         ok = row.get("valid") is True or row.get("valid") == 1
         body.append(f"<tr class='{'ok' if ok else 'bad'}'>"
                     + "".join(f"<td>{cell(row, key)}</td>" for key, _ in _TREE_VIEW) + "</tr>")
-    return f"<table id='tree'><tr>{head}</tr>{''.join(body)}</table>"
+    return f"<div class='scroll'><table id='tree'><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
 def write_tree_report(table, out_html: str | os.PathLike, title: str = "MLPerf results") -> Path:
     """A self-contained page with the tree table, written atomically."""
     scored = int(table["time_to_train"].notna().sum()) if len(table) else 0
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(title)}</title><style>{CSS}</style>"
-            f"</head><body><h1>{escape(title)}</h1><div class='small'>{len(table)} benchmark folders, {scored} with a "
-            f"score</div>{tree_table_html(table)}</body></html>\n")
+    text = (f"<!DOCTYPE html><html><head><meta charset='utf-8'>{VIEWPORT}<title>{escape(title)}</title>"
+            f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1><div class='small'>{len(table)} benchmark "
+            f"folders, {scored} with a score</div>{tree_table_html(table)}</body></html>\n")
     out = Path(out_html)
-    atomic_write_text(out, page)
+    atomic_write_text(out, text)
     return out

@@ -26,6 +26,7 @@ import math
 import statistics
 from typing import Any, Sequence
 
+from mlrepro.scoring import page
 from mlrepro.scoring.page import escape, inline_svg, number, plt
 
 ALPHA = 0.05
@@ -151,7 +152,7 @@ def compare(yours: dict, reference: dict, *, benchmark: str | None = None, syste
         if test.get("different"):
             way = "higher" if (test["difference_pct"] or 0) > 0 else "lower"
             why.append(f"{labels[key]} {abs(test['difference_pct']):.1f}% {way} than the reference's, beyond its "
-                       f"runs' spread (p = {test['p']:.2g})")
+                       f"runs' spread (p {_p_shown(test['p'])})")
     if not out["valid"]:
         out["verdict"] = NOT_VALID
         why = out["reasons"] + why
@@ -225,6 +226,12 @@ def _env_rows(verdict: dict) -> list[tuple[str, str, str]]:
     ]
 
 
+def _p_shown(p: float) -> str:
+    """'< 0.001' or '= 0.02': how the why of a verdict quotes a p-value."""
+    shown = page.p_value(p)
+    return shown if shown.startswith("<") else f"= {shown}"
+
+
 def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
     """The verdict as an HTML fragment for the benchmark's report page."""
     ref = verdict["reference"]
@@ -247,20 +254,24 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
         parts.append("<p>Your system differs from the published one:</p><ul id='differences'>"
                      + "".join(f"<li>{escape(d)}</li>" for d in match["differences"]) + "</ul>")
     if verdict.get("tests"):
-        parts.append("<table id='tests'><tr><th>per run</th><th>yours</th><th>reference</th><th>difference</th>"
-                     "<th>p</th><th>beyond the spread?</th></tr>")
+        parts.append("<div class='scroll'><table id='tests'><tr><th>per run</th><th class='num'>yours</th>"
+                     "<th class='num'>reference</th><th class='num'>difference</th>"
+                     "<th class='num'>p</th><th>beyond the spread?</th></tr>")
         units = {"time_to_train": ("time to train (min, olympic)", ".3f"),
                  "time_per_sample": ("minutes per 1000 samples (olympic)", ".4f"),
                  "samples_to_converge": ("samples to converge (olympic)", ".1f")}
         for key, test in verdict["tests"].items():
             label, spec = units[key]
-            parts.append(f"<tr><td>{label}</td><td>{number(test['yours'], spec)}</td><td>{number(test['theirs'], spec)}</td>"
-                         f"<td>{number(test['difference_pct'], '+.1f')}%</td><td>{number(test['p'], '.3g')}</td>"
+            parts.append(f"<tr><td>{label}</td><td class='num'>{number(test['yours'], spec)}</td>"
+                         f"<td class='num'>{number(test['theirs'], spec)}</td>"
+                         f"<td class='num'>{page.percent(test['difference_pct'])}</td>"
+                         f"<td class='num'>{page.p_value(test['p'])}</td>"
                          f"<td>{'yes' if test.get('different') else ('no' if test['p'] is not None else escape(test.get('note')))}"
                          "</td></tr>")
-        parts.append(f"<tr><td>RCP factor</td><td>{number(verdict['rcp_factor'], '.6f')}</td>"
-                     f"<td>{number(verdict['reference_rcp_factor'], '.6f')}</td>"
-                     f"<td>{number(verdict['rcp_factor_difference_pct'], '+.2f')}%</td><td>-</td><td>-</td></tr></table>")
+        parts.append(f"<tr><td>RCP factor</td><td class='num'>{page.factor(verdict['rcp_factor'])}</td>"
+                     f"<td class='num'>{page.factor(verdict['reference_rcp_factor'])}</td>"
+                     f"<td class='num'>{page.percent(verdict['rcp_factor_difference_pct'])}</td><td>-</td><td>-</td>"
+                     "</tr></table></div>")
         parts.append(f"<p class='small' id='method'>Test: {escape(verdict['method'])}. Time per sample separates the "
                      "machine's speed from the seed-to-seed variation of samples to converge.</p>")
     spread = verdict["seeds"]
@@ -270,12 +281,14 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
                  f"coefficient of variation {number(spread['cv_pct'], '.1f')}%, range {number(spread['range_pct'], '.1f')}% "
                  "of the median" + (f"; reference: {ref_spread['runs']} runs, CV {number(ref_spread['cv_pct'], '.1f')}%, "
                                     f"range {number(ref_spread['range_pct'], '.1f')}%" if ref_spread.get("runs") else "")
-                 + "</p><table id='seeds'><tr><th>seed</th><th>minutes</th><th>from the median</th></tr>"
-                 + "".join(f"<tr><td>{escape(s['seed'])}</td><td>{number(s['minutes'])}</td>"
-                           f"<td>{number(s['from_median_pct'], '+.1f')}%</td></tr>" for s in spread["seeds"]) + "</table>")
+                 + "</p><div class='scroll'><table id='seeds'><tr><th>seed</th><th class='num'>minutes</th>"
+                 "<th class='num'>from the median</th></tr>"
+                 + "".join(f"<tr><td>{escape(s['seed'])}</td><td class='num'>{number(s['minutes'])}</td>"
+                           f"<td class='num'>{page.percent(s['from_median_pct'])}</td></tr>" for s in spread["seeds"])
+                 + "</table></div>")
     if distribution_svg:
         parts.append(f"<figure id='distribution-plot'>{distribution_svg}</figure>")
-    parts.append("<h3>Environment</h3><table id='environment'><tr><th></th><th>yours</th><th>reference</th></tr>"
+    parts.append("<h3>Environment</h3><div class='scroll'><table id='environment'><tr><th></th><th>yours</th><th>reference</th></tr>"
                  + "".join(f"<tr><th>{escape(k)}</th><td>{escape(a)}</td><td>{escape(b)}</td></tr>" for k, a, b in _env_rows(verdict))
-                 + "</table>")
+                 + "</table></div>")
     return "".join(parts)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro import kinds, paths
 from mlrepro.stages.process import rule
 from mlrepro.util.fsutil import atomic_write_json
+
+log = logging.getLogger("mlrepro.stages")
 
 
 @rule(lambda smk, s: ((s, smk.wildcards.benchmark, Path(smk.output[0])), {}))
@@ -25,12 +28,17 @@ def implementation(settings: mlrepro_config.Settings, benchmark: str, out: Path)
 
 @rule(lambda smk, s: ((s, smk.wildcards.benchmark, Path(smk.output[0])), {}))
 def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
-    """Build the implementation's image (or, with runtime none, record this machine's environment)."""
+    """Build the implementation's image (or, with runtime none, record this machine's environment);
+    a prebuilt image the system or benchmark names is checked and recorded instead, never built."""
     from mlrepro.container import image as containers
 
     bench = settings.benchmark(benchmark)
-    folder = kinds.of(bench).implementation_folder(bench, settings.system)
     runtime = settings.system.container_runtime
+    image = mlrepro_config.prebuilt_image(bench, settings.system)
+    if image:
+        use_prebuilt(image, runtime, settings.root, out)
+        return
+    folder = kinds.of(bench).implementation_folder(bench, settings.system)
     containers.build_container(
         {
             "runtime": "podman" if runtime == "enroot" else runtime,
@@ -44,3 +52,37 @@ def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> N
         },
         out,
     )
+
+
+def use_prebuilt(image: str, runtime: str, root: Path, out: Path) -> None:
+    """container.json of a prebuilt image: checked to exist, with its digest and size; never built."""
+    from mlrepro.container import image as containers
+    from mlrepro.container import prebuilt
+
+    podman = containers.runtime_command("podman") if prebuilt.parse(image, root, runtime).kind == prebuilt.PODMAN else None
+    record = prebuilt.describe(image, runtime, root=root, podman=podman, previous=paths.read_json_if_exists(out))
+    log.info("using the prebuilt image %s (%s, digest %s, %s bytes); nothing is built", image, record["kind"],
+             record.get("digest") or record.get("image_id"), f"{record['size']:,}" if record.get("size") else "?")
+    atomic_write_json(out, record)
+
+
+def current_image(settings: mlrepro_config.Settings, benchmark: str) -> None:
+    """Before a seed starts: container.json made for another image than the system names now (the
+    workflow's rerun trigger is mtime alone, so a changed name does not rerun the container stage).
+    A prebuilt image is checked and recorded here; a build must be asked for."""
+    from mlrepro.container import prebuilt
+
+    out = paths.container_json(settings.root, benchmark)
+    record = paths.read_json_if_exists(out) or {}
+    image = mlrepro_config.prebuilt_image(settings.benchmark(benchmark), settings.system)
+    runtime = settings.system.container_runtime
+    if prebuilt.record_matches(record, image, runtime):
+        return
+    was = record.get("image") or record.get("tag") or f"runtime {record.get('runtime', 'none')}"
+    if image:
+        log.info("%s was made for %s; system %s names %s", out, was, settings.system.name, image)
+        use_prebuilt(image, runtime, settings.root, out)
+        return
+    raise mlrepro_config.ConfigError(
+        f"{out} was made for {was}, but system {settings.system.name} builds its image (runtime {runtime}): run the "
+        f"container stage again first (snakemake ... --forcerun container)")

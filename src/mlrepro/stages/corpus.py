@@ -8,7 +8,7 @@ import json
 import logging
 from pathlib import Path
 
-from mlrepro.corpus import tasks
+from mlrepro.corpus import served, tasks
 from mlrepro.launch import array, auto
 from mlrepro.stages.process import rule
 from mlrepro.util.fsutil import atomic_write_json
@@ -53,10 +53,12 @@ def _corpus(smk, s):
 
 @rule(lambda smk, s: ((_corpus(smk, s), s.root, Path(smk.output[0]), s.system), {}))
 def corpus_download(corpus: dict, root: Path, out: Path, system=None) -> None:
-    """Every RANK/WORLD_SIZE share (one array task each on Slurm); tasks.json gathers their reports."""
+    """Every RANK/WORLD_SIZE share (one array task each on Slurm); tasks.json gathers their reports.
+    A corpus the workflow serves itself (`served:`) is served for as long as this takes."""
     world = corpus["download"]["array_tasks"]
-    run_tasks(corpus, root, system, "download", world, lambda r: tasks.task_done(corpus, root, r),
-              lambda r: tasks.download_task(corpus, root, r), parallel=world)
+    with served.serving(corpus, tasks.folder(root, corpus["name"])) as live:
+        run_tasks(live, root, system, "download", world, lambda r: tasks.task_done(live, root, r),
+                  lambda r: tasks.download_task(live, root, r), parallel=world)
     reports = [json.loads(tasks.task_report(corpus, root, r).read_text()) for r in range(world)]
     atomic_write_json(out, {"world": world, "reports": reports})
 
@@ -79,7 +81,8 @@ def corpus_concat(corpus: dict, group_record: Path, out: Path) -> None:
 
 @rule(lambda smk, s: ((_corpus(smk, s), s.root, Path(smk.output[0])), {}))
 def corpus_tokenizer(corpus: dict, root: Path, out: Path) -> None:
-    tasks.fetch_tokenizer(corpus, root, out.parent)
+    with served.serving(corpus, tasks.folder(root, corpus["name"])) as live:
+        tasks.fetch_tokenizer(live, root, out.parent)
 
 
 @rule(lambda smk, s: ((_corpus(smk, s), s.root, sum(f.endswith(".jsonl") for f in smk.input.jsonl),

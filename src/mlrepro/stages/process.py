@@ -75,10 +75,11 @@ def user_errors() -> tuple[type[Exception], ...]:
     name its own with a `user_errors()` of its own)."""
     from mlrepro.config import ConfigError
     from mlrepro.container import image as containers
+    from mlrepro.container import prebuilt
     from mlrepro.data.checks import DataError
     from mlrepro.implementation import configs as implementation
     from mlrepro.launch.job import SeedFailed
     from mlrepro.scoring import reference
 
     return (SeedFailed, ConfigError, DataError, implementation.ImplementationError, containers.ContainerError,
-            reference.ReferenceError)
+            prebuilt.ImageError, reference.ReferenceError)

@@ -145,7 +145,8 @@ def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: 
         svg = plot_dir / "distribution.svg"
         section = verdicts.render_section(json.loads(Path(verdict_file).read_text()),
                                           svg.read_text() if svg.is_file() else None) + section
-    reports.write_report(score, mllogs, out, plot_dir=plot_dir, verdict_html=section or None)
+    reports.write_report(score, mllogs, out, plot_dir=plot_dir, verdict_html=section or None,
+                         measures=settings.benchmark(benchmark).target.get("measures"))
 
 
 def preflight_file(settings, benchmark: str) -> Path | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mlrepro import kinds, paths
 from mlrepro.launch import adopt, auto, chain, finished, job
+from mlrepro.stages import container
 from mlrepro.stages.process import OWN, rule
 
 log = logging.getLogger("mlrepro.stages")
@@ -32,6 +33,7 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     kind = kinds.of(bench)
     plan = kind.prepare(settings, benchmark, seed)
     log.info("%s seed %d: %s", benchmark, seed, plan.describe())
+    container.current_image(settings, benchmark)
     job.verify_inputs(plan, settings.root)
     job.write_plan(plan)
     limits = chain.limits(bench.segments, settings.system.max_job_minutes)
