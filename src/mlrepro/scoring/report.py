@@ -46,7 +46,9 @@ def _eval_plot(score: dict, series: list[tuple[str, list]]) -> str:
         if pts:
             xs, ys = zip(*sorted(pts))
             ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=label)
-    ax.axhline(t["value"], color="red", linestyle="--", linewidth=1.2, label=f"target {t['direction']} {t['value']:g}")
+    if t["value"] is not None:  # a target of two numbers (FID and CLIP) has no one line to draw
+        ax.axhline(t["value"], color="red", linestyle="--", linewidth=1.2,
+                   label=f"target {t['direction']} {t['value']:g}")
     ax.set_xlabel("samples")
     ax.set_ylabel(t["metric"])
     ax.set_title(f"{t['metric']} against samples, every seed")
@@ -87,12 +89,13 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     figures = figures or plots(score, logs)
     valid = bool(score.get("valid"))
     t = score["target"]
+    target = t.get("check") or f"{t['metric']} {t['direction']} {t['value']}"
     rules = (f"MLPerf Training {score.get('ruleset')} ({score.get('mlperf_benchmark')})"
              if score.get("mlperf_benchmark") else "no MLPerf ruleset: generic checks")
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(score['benchmark'])} score</title>",
              f"<style>{CSS}</style></head><body>",
-             f"<h1>{escape(score['benchmark'])}</h1><div class='small'>{escape(rules)}; target {escape(t['metric'])} "
-             f"{escape(t['direction'])} {escape(t['value'])}; {escape(score.get('required_runs'))} runs required</div>",
+             f"<h1>{escape(score['benchmark'])}</h1><div class='small'>{escape(rules)}; target {escape(target)}; "
+             f"{escape(score.get('required_runs'))} runs required</div>",
              f"<div class='verdict {'valid' if valid else 'invalid'}' id='score'>score "
              f"<b>{number(score.get('score_minutes'))}</b> minutes &mdash; {'VALID' if valid else 'NOT VALID'}"
              f"<div class='small'>olympic mean {number(score.get('olympic_minutes'))} min &times; RCP scaling "
