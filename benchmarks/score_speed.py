@@ -4,13 +4,17 @@
         a synthetic 10-run llama2_70b_lora folder: `mlrepro score DIR --benchmark ...` against
         the official checkers run by hand (compliance_checker on each log, then rcp_checker).
 
-    python benchmarks/score_speed.py --tree /work/data/v5 [--ruleset 5.0.0] [--jobs 1]
+    python benchmarks/score_speed.py --tree /work/data/v5 [--ruleset 5.0.0] [--jobs 1] [--folders] [--baseline SRC]
         a whole results repository (e.g. mlcommons/training_results_v5.0: the folder holding the
         submitters): `mlrepro score TREE` against `python -m mlperf_logging.result_summarizer
         'TREE/{*}' training 5.0.0` (the summarizer's form for every submitter, one process), each
         run once as the subprocess a user would type. Then every benchmark folder's result is
         compared (time to train within 0.001 min; GBS, samples to converge, RCP verdict and the
         scaling factor applied); exit status 1 if any differs.
+        --folders also times per-folder mode over the same tree: `mlrepro score DIR --benchmark B` on
+        every results/<system>/<benchmark> folder, one process calling the CLI's entry point.
+        --baseline SRC times the same with another checkout's sources (e.g. main before a change:
+        `git worktree add /tmp/base <commit>`, SRC=/tmp/base/src) in the same run, one after the other.
 
 Prints a table of wall-clock seconds and ratios.
 """
@@ -18,6 +22,7 @@ Prints a table of wall-clock seconds and ratios.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -50,7 +55,45 @@ def _child_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def tree(root: Path, ruleset: str, jobs: int) -> int:
+# Per-folder mode over a tree, in one process of the sources under test (PYTHONPATH): prints
+# {"wall": s, "cpu": s, "folders": n, "scores": {folder: minutes}} as JSON.
+_FOLDERS_WORKER = r"""
+import contextlib, io, json, resource, sys, tempfile, time
+from pathlib import Path
+from mlrepro import cli
+root, ruleset = Path(sys.argv[1]), sys.argv[2]
+alias = {"mask": "maskrcnn"}
+folders = [b for org in sorted(root.iterdir()) if (org / "systems").exists() and (org / "results").is_dir()
+           for system in sorted(p for p in (org / "results").iterdir() if p.is_dir())
+           for b in sorted(p for p in system.iterdir() if p.is_dir()) if any(b.glob("result_*.txt"))]
+scores = {}
+t, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+with tempfile.TemporaryDirectory() as tmp:
+    for i, folder in enumerate(folders):
+        out = Path(tmp) / f"{i}.json"
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                cli.main(["score", str(folder), "--benchmark", alias.get(folder.name, folder.name),
+                          "--ruleset", ruleset, "--json", str(out)])
+            except Exception:
+                pass
+        scores[str(folder)] = json.loads(out.read_text()).get("score_minutes") if out.is_file() else None
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"wall": time.perf_counter() - t, "cpu": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime,
+                  "folders": len(folders), "scores": scores}))
+"""
+
+
+def folders_timing(root: Path, ruleset: str, src: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(src))
+    proc = subprocess.run([sys.executable, "-c", _FOLDERS_WORKER, str(root), ruleset], env=env, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"per-folder timing with {src} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def tree(root: Path, ruleset: str, jobs: int, folders: bool = False, baseline: Path | None = None) -> int:
     import shutil
 
     load = os.getloadavg()[0]
@@ -72,14 +115,22 @@ def tree(root: Path, ruleset: str, jobs: int) -> int:
             print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
             return 2
         ours_csv = tmp / "ours.csv"
-        t, c = time.perf_counter(), _child_cpu()
-        proc = subprocess.run([sys.executable, "-m", "mlrepro", "score", str(root), "--ruleset", ruleset,
-                               "--csv", str(ours_csv), "--jobs", str(jobs)],
-                              cwd=tmp, env=env, capture_output=True, text=True)
-        t_ours, c_ours = time.perf_counter() - t, _child_cpu() - c
-        if proc.returncode not in (0, 1):
-            print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
-            return 2
+        timed = {}  # label -> (wall, cpu) of mlrepro score TREE
+        for label, src in ([("baseline", baseline)] if baseline else []) + [("this checkout", ROOT / "src")]:
+            out_csv = ours_csv if label == "this checkout" else tmp / "baseline.csv"
+            t, c = time.perf_counter(), _child_cpu()
+            proc = subprocess.run([sys.executable, "-m", "mlrepro", "score", str(root), "--ruleset", ruleset,
+                                   "--csv", str(out_csv), "--jobs", str(jobs)],
+                                  cwd=tmp, env=dict(env, PYTHONPATH=str(src)), capture_output=True, text=True)
+            timed[label] = (time.perf_counter() - t, _child_cpu() - c)
+            if proc.returncode not in (0, 1):
+                print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+                return 2
+        t_ours, c_ours = timed["this checkout"]
+        per_folder = {}
+        if folders:
+            for label, src in ([("baseline", baseline)] if baseline else []) + [("this checkout", ROOT / "src")]:
+                per_folder[label] = folders_timing(root, ruleset, src)
         import pandas as pd
 
         ours = pd.read_csv(ours_csv)
@@ -94,8 +145,20 @@ def tree(root: Path, ruleset: str, jobs: int) -> int:
     print(f"{'method':<66} {'wall s':>7} {'CPU s':>7} {'wall x':>7} {'CPU x':>7}")
     print(f"{'python -m mlperf_logging.result_summarizer TREE/{*} training ' + ruleset:<66} {t_official:7.1f} "
           f"{c_official:7.1f} {1.0:6.1f}x {1.0:6.1f}x")
-    print(f"{'mlrepro score TREE' + (f' --jobs {jobs}' if jobs > 1 else ''):<66} {t_ours:7.1f} {c_ours:7.1f} "
-          f"{t_official / t_ours:6.1f}x {c_official / c_ours:6.1f}x")
+    for label, (w, c) in timed.items():
+        name = f"mlrepro score TREE{f' --jobs {jobs}' if jobs > 1 else ''} ({label})"
+        print(f"{name:<66} {w:7.1f} {c:7.1f} {t_official / w:6.1f}x {c_official / c:6.1f}x")
+    for label, r in per_folder.items():
+        name = f"mlrepro score DIR --benchmark B, {r['folders']} folders ({label})"
+        print(f"{name:<66} {r['wall']:7.1f} {r['cpu']:7.1f} {t_official / r['wall']:6.1f}x "
+              f"{c_official / r['cpu']:6.1f}x")
+    if "baseline" in timed:
+        (wb, cb), (wo, co) = timed["baseline"], timed["this checkout"]
+        print(f"tree mode, this checkout against the baseline: wall {wb / wo:.2f}x, CPU {cb / co:.2f}x as fast")
+    if "baseline" in per_folder:
+        b, o = per_folder["baseline"], per_folder["this checkout"]
+        print(f"per-folder mode, this checkout against the baseline: wall {b['wall'] / o['wall']:.2f}x, "
+              f"CPU {b['cpu'] / o['cpu']:.2f}x as fast")
     same = int(both["same"].sum())
     scored = int(both["time_to_train"].notna().sum())
     print(f"results compared: {len(both)} (with a score: {scored}); equal to the summarizer: {same}; "
@@ -115,9 +178,11 @@ def main() -> int:
     ap.add_argument("--tree", type=Path, help="a results repository: the folder holding the submitters")
     ap.add_argument("--ruleset", default="5.0.0")
     ap.add_argument("--jobs", type=int, default=1, help="processes for mlrepro score TREE")
+    ap.add_argument("--folders", action="store_true", help="with --tree: also time per-folder mode on every folder")
+    ap.add_argument("--baseline", type=Path, help="with --tree: also time another checkout's src/ (before/after)")
     args = ap.parse_args()
     if args.tree:
-        return tree(args.tree, args.ruleset, args.jobs)
+        return tree(args.tree, args.ruleset, args.jobs, args.folders, args.baseline)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     with tempfile.TemporaryDirectory(prefix="score-speed-") as tmp:
         tmp = Path(tmp)

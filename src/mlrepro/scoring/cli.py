@@ -82,14 +82,16 @@ def format_summary(score: dict) -> str:
     rules_line = (f"MLPerf Training {score['ruleset']} ({score['mlperf_benchmark']})" if score.get("mlperf_benchmark")
                   else "no MLPerf ruleset: generic checks")
     t = score["target"]
-    lines = [f"benchmark {score['benchmark']}: {rules_line}; target {t['metric']} {t['direction']} {t['value']:g}; "
+    target = t.get("check") or f"{t['metric']} {t['direction']} {t['value']:g}"
+    lines = [f"benchmark {score['benchmark']}: {rules_line}; target {target}; "
              f"{score['required_runs']} runs required", ""]
     header = f"{'seed':>8}  {'minutes':>10}  {'status':<9} {'samples':>9}  {'compliance':<10}  verdict"
     lines += [header, "-" * len(header)]
     for r in score["runs"]:
         comp = r.get("compliance") or {}
         comp_s = "-" if not comp.get("checked") else ("pass" if comp.get("pass") else "FAIL")
-        verdict = "counted" if r.get("counted") else "NOT counted: " + "; ".join(r.get("reasons") or ["?"])
+        verdict = ("NOT counted: " + "; ".join(r.get("reasons") or ["?"]) if not r.get("counted")
+                   else "counted" + ("; but " + "; ".join(r["reasons"]) if r.get("reasons") else ""))
         samples = r.get("samples_to_converge")
         lines.append(f"{str(r.get('seed')):>8}  {_fmt(r.get('minutes')):>10}  {str(r.get('status')):<9} "
                      f"{_fmt(samples, 'g') if samples is not None else '-':>9}  {comp_s:<10}  {verdict}")
@@ -97,9 +99,17 @@ def format_summary(score: dict) -> str:
             lines.append(f"{'':>10}problem: {prob}")
     rcp = score["rcp"]
     rcp_s = ("not checked: " if not rcp["checked"] else ("PASS: " if rcp["pass"] else "FAIL: ")) + rcp["reason"]
-    lines += ["", f"olympic mean   {_fmt(score['olympic_minutes'])} min",
-              f"RCP            {rcp_s}", f"scaling factor {rcp['scaling_factor']:.6f}",
-              f"score          {_fmt(score['score_minutes'])} min  ({'VALID' if score['valid'] else 'NOT VALID'})"]
+    factor = f"scaling factor {rcp['scaling_factor']:.6f}"
+    if rcp.get("scaling_source"):
+        recomputed = rcp.get("recomputed_factor")
+        factor += f"  ({rcp['scaling_source']}" + (f"; the runs' RCP check gives {recomputed:.6f})"
+                                                   if recomputed is not None else ")")
+    lines += ["", f"olympic mean   {_fmt(score['olympic_minutes'])} min", f"RCP            {rcp_s}", factor]
+    energy = score.get("energy") or {}
+    if energy.get("value") is not None or energy.get("note"):
+        lines.append(f"energy         {_fmt(energy.get('value'), '.2f')}"
+                     + (f"  ({energy['note']})" if energy.get("note") else ""))
+    lines.append(f"score          {_fmt(score['score_minutes'])} min  ({'VALID' if score['valid'] else 'NOT VALID'})")
     lines += [f"  why not valid: {r}" for r in score["reasons"]]
     return "\n".join(lines)
 

@@ -111,9 +111,12 @@ def fingerprint(evals: Sequence, start, stop) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def mark_duplicates(runs: list[dict]) -> None:
-    """Mark (not counted, with the reason) each run that repeats an earlier one: the same MLLOG records,
-    the same evaluation curve and timing (`fingerprint`), or the same seed."""
+def mark_duplicates(runs: list[dict], exclude: bool = True) -> None:
+    """Mark each run that repeats an earlier one, with the reason: the same MLLOG records, the same
+    evaluation curve and timing (`fingerprint`), or the same seed. With `exclude` it is not counted
+    either; without (runs MLCommons' summarizer scored: it counts every file) the copy stays in the
+    score and the result is made not valid by the count of distinct runs."""
+    tail = "; not scored" if exclude else "; the summarizer counts it, so the result is not valid"
     same_log: dict[str, str] = {}
     same_curve: dict[str, str] = {}
     seeds: dict[Any, str] = {}
@@ -122,15 +125,15 @@ def mark_duplicates(runs: list[dict]) -> None:
         why = None
         sha, curve, seed = run.get("mllog_sha256"), run.get("fingerprint"), run.get("seed")
         if sha and sha in same_log:
-            why = f"identical to {same_log[sha]} (the same MLLOG records); not scored"
+            why = f"identical to {same_log[sha]} (the same MLLOG records){tail}"
         elif curve and curve in same_curve:
             why = (f"the same run as {same_curve[curve]}: the same evaluations at the same times after "
-                   f"run_start, whatever seed it logs; not scored ({STRICTER})")
+                   f"run_start, whatever seed it logs{tail} ({STRICTER})")
         elif seed is not None and seed in seeds:
-            why = f"duplicate seed {seed} (also in {seeds[seed]}); not scored"
+            why = f"duplicate seed {seed} (also in {seeds[seed]}){tail}"
         if why:
             run["duplicate"] = True
-            run["counted"] = False
+            run["counted"] = run.get("counted", False) and not exclude
             run.setdefault("reasons", []).append(why)
             continue
         if sha:

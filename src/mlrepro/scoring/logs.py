@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Iterable
 
@@ -48,9 +47,12 @@ def _logs_in_dir(root: Path) -> list[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         names = sorted(n for n in filenames if not n.startswith("."))
-        results = [n for n in names if re.fullmatch(r"result_\d+\.txt", n)]
+        # result_summarizer's glob (result_*.txt, whatever the middle); the folders below a benchmark
+        # folder hold its power logs (power/result_*/node_*.txt), not runs.
+        results = [n for n in names if n.startswith("result_") and n.endswith(".txt")]
         if results:
-            chosen = sorted(results, key=lambda n: int(n[7:-4]))
+            dirnames[:] = []
+            chosen = sorted(results, key=lambda n: (len(n), n))
         elif "mllog.txt" in names:
             chosen = ["mllog.txt"]
         else:

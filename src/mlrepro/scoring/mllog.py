@@ -194,19 +194,20 @@ def parse_text(text: str, source: str = "<text>") -> ParsedLog:
     ranks = sorted({r.rank for r in found if r.rank is not None})
     log.ranks = ranks
     if len(ranks) > 1:
-        # Every rank of an MLPerf job may print the same keys; the reference
-        # implementations log from rank 0 only, so rank 0 (or the lowest rank
-        # present) is the log of record. Unprefixed lines are kept: they come
-        # from a single stream and cannot be attributed.
-        keep = ranks[0]
-        log.rank_used = keep
-        others = [r for r in ranks if r != keep]
-        dropped = sum(1 for r in found if r.rank is not None and r.rank != keep)
-        problems.add(
-            f"MLLOG lines from {len(ranks)} ranks; kept rank {keep}, ignored {dropped} lines from ranks "
-            f"{_short_list(others)}"
-        )
-        found = [r for r in found if r.rank is None or r.rank == keep]
+        # Every rank of a job may print the same record; it is one event, read once (the lowest
+        # rank's copy). A record only another rank printed is kept: unet3d logs run_stop and its
+        # evaluations from rank 56 (v4.0 smc, Oracle), and the official parser reads every rank.
+        # Unprefixed lines come from a single stream and are kept.
+        log.rank_used = ranks[0]
+        first: dict[str, int] = {}
+        kept = []
+        for rec in sorted(found, key=lambda r: (r.rank is not None and r.rank != ranks[0], r.lineno)):
+            if rec.rank is None or first.setdefault(rec.json_text, rec.rank) == rec.rank:
+                kept.append(rec)
+        dropped = len(found) - len(kept)
+        problems.add(f"MLLOG lines from {len(ranks)} ranks ({_short_list(ranks)}); {dropped} copies of records "
+                     f"another rank printed were read once")
+        found = sorted(kept, key=lambda r: r.lineno)
     elif ranks:
         log.rank_used = ranks[0]
     log.records = found

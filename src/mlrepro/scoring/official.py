@@ -6,7 +6,9 @@ What changes is only how logs reach that code: ``mllog_lines`` strips a line as
 ``mlp_parser.strip_and_dedup`` does without its regular expression (quadratic in the line
 length), ``official_tools`` makes mlp_compliance parse each rule file once per process and
 compile each rule's expression once, gives rcp_checker one RCP_Checker per benchmark and one
-read of each file, and mutes the tools' logging. mlrepro.scoring.tree_score scores with it.
+read of each file, and mutes the tools' logging. mlrepro.scoring.engine scores with it (tree mode,
+per-folder mode and a reproduction's seeds). One reading is ours and not the parser's: a record
+that several ranks of a ``srun -l`` log printed word for word is read once (read_mllog says why).
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ import contextlib
 import importlib
 import logging
 import os
-from pathlib import Path
+import re
 from typing import Any, Iterator
 
 TOKEN = ":::MLLOG "
+# Keys of the lines rcp_checker.read_submission_file acts on; every other line leaves its state
+# unchanged, so it is given only these.
+RCP_KEYS = ("global_batch_size", "submission_benchmark", "eval_error", "eval_accuracy", "train_samples", "run_stop")
+# The prefixes that name the rank that printed a line: `srun -l` ("12: ") and Open MPI's --tag-output.
+_RANK = re.compile(r"^\s*(?:(\d+)\s*:\s|\[\d+,(\d+)\]<std(?:out|err)>:)")
+_DEPTH = [0]  # official_tools() in use (it is re-entrant)
 
 
 class _CachedYaml:
@@ -73,6 +81,13 @@ def _exec(source, globals_=None, locals_=None):
 def official_tools() -> Iterator[None]:
     """mlp_compliance with cached rule files, rcp_checker with one RCP_Checker per
     benchmark, and the tools' logging muted (they log every check at WARNING)."""
+    if _DEPTH[0]:  # an inner use (score_run inside score_runs) leaves the outer set-up in place
+        _DEPTH[0] += 1
+        try:
+            yield
+        finally:
+            _DEPTH[0] -= 1
+        return
     import yaml
     from mlperf_logging.compliance_checker import mlp_compliance
     from mlperf_logging.rcp_checker import rcp_checker
@@ -110,9 +125,11 @@ def official_tools() -> Iterator[None]:
         return reads[key]
 
     rcp_checker.read_submission_file = read_once
+    _DEPTH[0] += 1
     try:
         yield
     finally:
+        _DEPTH[0] -= 1
         mlp_compliance.yaml = yaml
         del mlp_compliance.eval, mlp_compliance.exec
         rcp_checker.RCP_Checker = real_checker
@@ -125,12 +142,38 @@ def _parser_module(ruleset: str):
     return importlib.import_module(f"mlperf_logging.compliance_checker.mlp_parser.ruleset_{ruleset.replace('.', '')}")
 
 
-def mllog_lines(path: Path) -> list[str]:
-    """The MLLOG lines of a log as mlp_parser.strip_and_dedup leaves them:
-    ``re.sub(".*" + TOKEN, TOKEN, line).strip()`` keeps the text from the last
-    TOKEN on, which is what rfind does without the regex's quadratic scan."""
+def read_mllog(path: str | os.PathLike) -> tuple[list[str], int]:
+    """The MLLOG lines of a log as mlp_parser.strip_and_dedup leaves them, and how many copies of
+    records printed by several ranks were set aside.
+
+    ``re.sub(".*" + TOKEN, TOKEN, line).strip()`` keeps the text from the last TOKEN on, which is
+    what rfind does without the regex's quadratic scan. A record that several ranks printed word
+    for word (``srun -l`` with every rank logging) is one event and is kept once; the official
+    parser would keep a copy per rank and its checker then finds run_start more than once. Records
+    only one rank printed (rank 56's run_stop beside rank 0's run_start) are all kept.
+    """
+    kept: list[str] = []
+    first_rank: dict[str, str] = {}
+    repeats = 0
     with open(path, encoding="latin-1") as fh:  # universal newlines, as the parser reads
-        return [line[line.rfind(TOKEN):].strip() for line in fh if TOKEN in line]
+        for line in fh:
+            at = line.rfind(TOKEN)
+            if at < 0:
+                continue
+            text = line[at:].strip()
+            m = _RANK.match(line[:at]) if at else None
+            if m:
+                rank = m.group(1) or m.group(2)
+                if first_rank.setdefault(text, rank) != rank:
+                    repeats += 1
+                    continue
+            kept.append(text)
+    return kept, repeats
+
+
+def mllog_lines(path: str | os.PathLike) -> list[str]:
+    """read_mllog's lines."""
+    return read_mllog(path)[0]
 
 
 def parse_lines(lines: list[str], ruleset: str) -> tuple[list, list]:

@@ -136,7 +136,9 @@ def metric(target: dict, mlperf_benchmark: str | None = None) -> str:
 
 
 def target_text(target: dict) -> str:
-    """'eval_accuracy ≤ 0.925' (the direction as a sign)."""
+    """'eval_accuracy ≤ 0.925' (the direction as a sign); a target of two numbers as its check reads."""
+    if target.get("check") or target.get("value") is None:
+        return str(target.get("check") or target.get("metric"))
     sign = "≤" if str(target.get("direction", "")).lower() in _LOWER else "≥"
     return f"{target.get('metric')} {sign} {target.get('value'):g}"
 

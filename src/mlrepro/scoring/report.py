@@ -47,7 +47,9 @@ def _eval_plot(score: dict, series: list[tuple[str, list]], measures: str | None
         if pts:
             xs, ys = zip(*sorted(pts))
             ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=label)
-    ax.axhline(t["value"], color="red", linestyle="--", linewidth=1.2, label=f"target {t['direction']} {t['value']:g}")
+    if t["value"] is not None:  # a target of two numbers (FID and CLIP) has no one line to draw
+        ax.axhline(t["value"], color="red", linestyle="--", linewidth=1.2,
+                   label=f"target {t['direction']} {t['value']:g}")
     xs_all = [x for _, pts in series for x, _ in pts]
     if xs_all:
         ax.set_xlim(0, max(xs_all) * 1.03)
@@ -55,7 +57,8 @@ def _eval_plot(score: dict, series: list[tuple[str, list]], measures: str | None
         # the target (what decides time to train) would be a flat line at the bottom. The axis spans the
         # evals after the first tenth of the samples, and the target; earlier ones run off the top.
         late = [y for _, pts in series for x, y in pts if x >= 0.1 * max(xs_all)] or [y for _, pts in series for _, y in pts]
-        low, high = min(min(late), t["value"]), max(max(late), t["value"])
+        bounds = late + ([t["value"]] if t["value"] is not None else [])
+        low, high = min(bounds), max(bounds)
         pad = 0.08 * (high - low or abs(high) or 1)
         ax.set_ylim(low - pad, high + pad)
     ax.set_xlabel("samples")

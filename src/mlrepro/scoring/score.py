@@ -11,8 +11,9 @@ dropped slowest run; the olympic mean drops the fastest and slowest of the
 rest (10 runs → mean of the middle 8, 3 → the median); the RCP check compares
 the olympic mean of samples-to-converge with the reference convergence points
 and scales the score by max(1, RCP mean / submission mean) when the check
-passes. The factor is always computed from the runs, never read from a
-scaling.json.
+passes. For an MLPerf benchmark all of this is scoring.engine, the engine tree
+mode uses too: a published folder gets the factor the summarizer applies (its
+scaling.json), a reproduction's own runs the factor their RCP check gives now.
 
 A benchmark without an MLPerf ruleset (mini_lora) gets the generic checks:
 run_start and run_stop present, status success, target met. A log without MLLOG
@@ -30,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from mlrepro.scoring import checkers, integrity, megatron_log
-from mlrepro.scoring.mllog import ParsedLog, Record, contains_mllog, finite, parse_log
+from mlrepro.scoring import checkers, engine, integrity, megatron_log, official
+from mlrepro.scoring.mllog import ParsedLog, Record, contains_mllog, finite, parse_log, parse_text
 from mlrepro.scoring.rules import MLPERF_TARGETS, Rules
 
 
@@ -58,7 +59,7 @@ def _lines(records: Sequence[Record]) -> str:
     return ", ".join(str(r.lineno) for r in records[:5]) + (", ..." if len(records) > 5 else "")
 
 
-def _mixed_runs(log: ParsedLog, window: Sequence[Record], metric: str) -> list[str]:
+def _mixed_runs(log: ParsedLog, window: Sequence[Record], metric: str, seeds: bool = True) -> list[str]:
     """Why the log holds more than one run (empty when it holds one).
 
     Two runs in one log happen when an earlier attempt's ranks outlive it and keep
@@ -70,9 +71,9 @@ def _mixed_runs(log: ParsedLog, window: Sequence[Record], metric: str) -> list[s
     if len(starts) > 1 or len(stops) > 1:
         why.append(f"log holds more than one run: {len(starts)} run_start (lines {_lines(starts)}), "
                    f"{len(stops)} run_stop (lines {_lines(stops)}); not scored")
-    seeds = {json.dumps(r.value, sort_keys=True) for r in log.all("seed")}
-    if len(seeds) > 1:
-        why.append(f"log holds more than one run: {len(seeds)} different seeds logged "
+    logged = {json.dumps(r.value, sort_keys=True) for r in log.all("seed")} if seeds else set()
+    if len(logged) > 1:
+        why.append(f"log holds more than one run: {len(logged)} different seeds logged "
                    f"(lines {_lines(log.all('seed'))}); not scored")
     previous = None
     for rec in window:
@@ -144,6 +145,8 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
 
         return megatron_score.score_training_log(path, target_loss=rules.target_value, seed=seed,
                                                  benchmark=rules.benchmark)
+    if rules.mlperf_benchmark and run_compliance:
+        return _official_run(path, rules, seed)
     log = parse_log(path)
     reasons: list[str] = []
     run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _logged_seed(log)}
@@ -194,6 +197,47 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     run["problems"] = list(log.problems) + late
     # Two files with the same MLLOG records are one run, whatever their names say; and so are two
     # with the same evaluations at the same times after run_start, whatever seed they log.
+    run["mllog_sha256"] = hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None
+    run["fingerprint"] = integrity.fingerprint(timed, start, stop)
+    return run
+
+
+def _official_run(path: Path, rules: Rules, seed: int | None) -> dict:
+    """score_run for an MLPerf benchmark: whether and how long the run counts is result_summarizer's
+    verdict on the log (scoring.engine); the record around it is read from the same lines. What the
+    official tools do not check (a second run in the log) is flagged: the score stays MLCommons',
+    the result is not valid. A run time they would average and we refuse (run_stop not after
+    run_start) is the one case not counted here that they count."""
+    with official.official_tools():
+        read = engine.read_run(path, usage=rules.usage, ruleset=rules.ruleset)
+    converged, epochs = engine.submission_epochs(read["lines"], rules.ruleset)
+    log = parse_text("".join(ln + "\n" for ln in read["lines"]), source=str(path))
+    run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _logged_seed(log)}
+    logged_bench = log.value("submission_benchmark")
+    run["benchmark"] = logged_bench if isinstance(logged_bench, str) else None
+    flags = [f"log is for benchmark {run['benchmark']}, not {rules.mlperf_benchmark}"] if run["benchmark"] not in (
+        None, rules.mlperf_benchmark) else []
+    timing: list[str] = []
+    start, stop, window, _ = _timed_window(log, timing)
+    # A seed per rank is one run (ssd logs one on every rank).
+    flags += _mixed_runs(log, window, rules.target_metric, seeds=False)
+    run["minutes"], run["time_ms"] = read["minutes"], read["time_ms"]
+    status = stop.metadata.get("status") if stop is not None else None
+    run["status"] = status if isinstance(status, str) else None
+    timed, late = integrity.evaluations_in_time(window, rules.target_metric, start, stop)
+    run["evals"], _ = _evaluations(timed, rules.target_metric)
+    # The compliance checker holds runs to the target (its ATLEAST_ONE_CHECK), two-part ones too.
+    run["target_reached"] = (any(rules.target_met(v) for _, v in run["evals"]) if rules.target_value is not None
+                             else bool(read["compliance"]["pass"]))
+    run["converged"] = run["status"] == "success" and run["target_reached"]
+    run["samples_to_converge"] = epochs if converged else None
+    gbs = log.last("global_batch_size")
+    run["global_batch_size"] = _number(gbs.value) if gbs is not None else None
+    run["compliance"] = read["compliance"]
+    run["counted"] = read["counted"] and not timing
+    run["flags"] = flags
+    run["reasons"] = timing + read["reasons"] + flags
+    run["problems"] = read["problems"] + list(log.problems) + late
     run["mllog_sha256"] = hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None
     run["fingerprint"] = integrity.fingerprint(timed, start, stop)
     return run
@@ -261,16 +305,21 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
         runs = [score_run(p, rules, run_compliance=run_compliance) for p in log_paths]
     runs = [dict(r, reasons=list(r.get("reasons") or [])) for r in runs]
     reasons: list[str] = []
+    # Runs the official tools scored (_official_run): the score is the summarizer's, over every
+    # run it counts; what it does not check makes the result not valid.
+    official_runs = bool(rules.mlperf_benchmark) and all("flags" in r for r in runs)
 
     for run in runs:
         why = integrity.untrusted_time(run)
         if why:
             run["counted"], run["minutes"] = False, None
             run["reasons"].append(why)
-    integrity.mark_duplicates(runs)
+    integrity.mark_duplicates(runs, exclude=not official_runs)
     distinct = [r for r in runs if not r["duplicate"]]
-    counted = [r for r in distinct if r.get("counted") and r.get("minutes") is not None]
-    failed = [r for r in distinct if r not in counted]
+    pool = runs if official_runs else distinct
+    counted = [r for r in pool if r.get("counted") and r.get("minutes") is not None]
+    failed = [r for r in pool if r not in counted]
+    reasons += [f"{_run_name(r)}: {flag}" for r in runs for flag in r.get("flags") or []]
 
     if not runs:
         reasons.append("no runs found")
@@ -286,7 +335,13 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
     if olympic is None and len(failed) <= rules.max_failed_runs and runs:
         reasons.append("not enough runs left for an olympic mean")
 
-    rcp = _rcp_of(distinct, rules, reasons)
+    found = engine.runs_rcp(runs, rules.usage, rules.ruleset, len(failed), rules.max_failed_runs, reasons) \
+        if official_runs else None
+    if found is None:  # no MLPerf ruleset, compliance skipped, or only the run records left (run.json)
+        rcp = _rcp_of(distinct, rules, reasons)
+        rcp.setdefault("recomputed_factor", rcp["scaling_factor"])
+        found = rcp, {"value": None, "note": None}
+    rcp, energy = found
     score = olympic * rcp["scaling_factor"] if olympic is not None else None
     return {
         "benchmark": rules.benchmark,
@@ -300,6 +355,7 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
         "olympic_minutes": olympic,
         "rcp": rcp,
         "score_minutes": score,
+        "energy": energy,
         "valid": score is not None and not reasons,
         "reasons": reasons,
         "tools": {"mlperf_logging": checkers.mlperf_logging_version()},
@@ -312,14 +368,12 @@ def _rcp_samples(run: dict, rules: Rules) -> Any:
     (epochs for most, the first passing evaluation for stable_diffusion)."""
     if rules.mlperf_benchmark in MLPERF_TARGETS or run.get("status") != "success" or not run.get("file"):
         return run.get("samples_to_converge")
-    from mlperf_logging.rcp_checker import rcp_checker
-
     try:
-        with checkers.scratch_dir():  # it logs a warning for runs that did not converge
-            not_converged, epochs, _, _ = rcp_checker.read_submission_file(str(run["file"]), rules.ruleset, False)
-    except Exception:  # a log it cannot read: the run's own count stands
+        lines = official.mllog_lines(run["file"])  # as given: no working directory is changed here
+    except OSError:  # a log it cannot read: the run's own count stands
         return run.get("samples_to_converge")
-    return None if not_converged else epochs
+    converged, epochs = engine.submission_epochs(lines, rules.ruleset)
+    return epochs if converged else None
 
 
 def _run_name(run: dict) -> str:

@@ -7,11 +7,10 @@ system columns, the benchmark's time to train, GBS, samples to converge, RCP
 verdict and the scaling factor it applied) plus ours (the RCP factor the runs
 give, runs found/used/dropped, validity and the reasons).
 
-Every decision is mlperf_logging's own code, called on each log read once (mlrepro.scoring.official
-feeds it): the official parser and compliance checker of the ruleset, the summarizer's
-``_query_run_start_stop``, ``_compute_olympic_average`` and ``_get_scaling_factor``, and the
-rcp_checker's ``check_directory`` and ``get_submission_epochs``. Nothing is written into the tree
-(the summarizer rewrites scaling.json and privateid.json there).
+Each benchmark folder is scored by mlrepro.scoring.engine, the engine per-folder mode and a
+reproduction's seeds use too: every decision is mlperf_logging's own code, each log read once
+(mlrepro.scoring.official feeds it), energy included for power submissions. Nothing is written into
+the tree (the summarizer rewrites scaling.json and privateid.json there).
 """
 
 from __future__ import annotations
@@ -19,15 +18,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from mlrepro.scoring import rules as rules_mod
-from mlrepro.scoring.official import compliance, mllog_lines, official_tools, parse_lines
+from mlrepro.scoring import engine
+from mlrepro.scoring.official import official_tools
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
 # Columns of the summarizer's detailed table (result_summarizer._get_column_schema and
@@ -41,156 +39,23 @@ URL_COLUMNS = ["details_url", "code_url"]
 OUR_COLUMNS = ["rcp_factor", "rcp_message", "olympic_minutes", "runs_found", "runs_used", "runs_dropped",
                "required_runs", "max_dropped_runs", "valid", "reasons", "run_notes", "folder"]
 COLUMNS = SYSTEM_COLUMNS + BENCHMARK_COLUMNS + URL_COLUMNS + OUR_COLUMNS
-# Keys of the lines rcp_checker.read_submission_file acts on; every other line
-# leaves its state unchanged, so it is given only these.
-_RCP_KEYS = ("global_batch_size", "submission_benchmark", "eval_error", "eval_accuracy", "train_samples", "run_stop")
 
 
 # ---------------------------------------------------------------- one benchmark folder
 
 
-def _run_of(path: Path, usage: str, ruleset: str) -> dict:
-    """One result file: its minutes when the summarizer counts it, else why not."""
-    from mlperf_logging.result_summarizer import result_summarizer as rs
-
-    run: dict[str, Any] = {"file": path.name, "minutes": None, "counted": False, "reasons": [], "lines": []}
-    try:
-        lines = mllog_lines(path)
-    except OSError as exc:
-        run["reasons"].append(f"cannot read: {exc.strerror or exc}")
-        return run
-    run["lines"] = lines
-    try:
-        loglines, failed = parse_lines(lines, ruleset)
-        # result_summarizer._read_result_file: compliance first, then parse errors.
-        valid, messages = compliance(loglines, failed, usage, ruleset)
-        if not valid:
-            run["reasons"] += ["compliance check failed"] + messages[:5]
-            return run
-        if failed:
-            run["reasons"].append(f"{len(failed)} MLLOG lines do not parse")
-            return run
-        start, stop = rs._query_run_start_stop(loglines)
-    except ValueError as exc:  # what _compute_strong_score_standalone drops a run for
-        run["reasons"].append(str(exc))
-        return run
-    except Exception as exc:  # the summarizer would stop here; we drop the run and say why
-        run["reasons"].append(f"the official tools fail on this log: {type(exc).__name__}: {exc}")
-        return run
-    run["minutes"] = (stop - start) / 60 / 1000
-    run["counted"] = True
-    return run
-
-
-def _rcp(folder: Path, runs: list[dict], usage: str, ruleset: str) -> dict:
-    """rcp_checker.check_directory (as the summarizer calls it) and get_submission_epochs,
-    run on copies of the result files that hold only the lines they read."""
-    import numpy as np
-    from mlperf_logging.rcp_checker import rcp_checker
-
-    out: dict[str, Any] = {"RCP": None, "rcp_pass": None, "rcp_message": None, "rcp_factor": None, "GBS": None,
-                           "samples_to_converge": None}
-    tmp = Path(tempfile.mkdtemp(prefix="mlrepro-rcp-", dir=_scratch_root()))
-    try:
-        files = []
-        for run in runs:
-            f = tmp / run["file"]
-            f.write_text("".join(ln + "\n" for ln in run["lines"] if any(k in ln for k in _RCP_KEYS)),
-                         encoding="latin-1")
-            files.append(str(f))
-        try:
-            # result_summarizer._compute_strong_scaling_scores, closed division.
-            rcp_pass, rcp_msg, _ = rcp_checker.check_directory(
-                str(tmp), usage, ruleset, False, False, rcp_file=None, rcp_pass="pruned_rcps", rcp_bypass=False,
-                set_scaling=True)
-            out["rcp_pass"], out["rcp_message"] = bool(rcp_pass), rcp_msg
-            if not rcp_pass:
-                out["RCP"] = ("Fail" if rcp_msg == "RCP found" else "Interp. Fail" if rcp_msg == "RCP Interpolation"
-                              else "Missing" if "Missing" in rcp_msg else "No RCP" if rcp_msg == "Cannot find any RCPs"
-                              else "Unknown state")
-            else:
-                out["RCP"] = "Pass"
-            # check_directory leaves scaling.json where the summarizer would find it next time.
-            scaling = tmp / "scaling.json"
-            out["rcp_factor"] = float(json.loads(scaling.read_text())["scaling_factor"]) if scaling.is_file() else 1.0
-            gbs, epochs, _ = rcp_checker.get_submission_epochs(files, ruleset, bert_train_samples=False)
-            # The summarizer has the GBS even when the epochs are None (too many runs failed)
-            # and the sort below raises.
-            out["GBS"] = float(gbs) if gbs is not None else None
-            epochs.sort()
-            rejected = 1  # the summarizer's samples_rejected, whatever the benchmark
-            if len(epochs) >= 2 * rejected + 1:
-                out["samples_to_converge"] = float(np.mean(epochs[rejected:len(epochs) - rejected]))
-        except Exception as exc:  # the summarizer prints "RCP/GBS computation failed" and goes on
-            out["rcp_message"] = out["rcp_message"] or f"RCP/GBS computation failed: {type(exc).__name__}: {exc}"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def _scratch_root() -> str | None:
-    """Memory-backed when the machine has one: thousands of small files are written and removed."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-
-
 def score_benchmark_folder(folder: str | os.PathLike, *, usage: str = rules_mod.USAGE, ruleset: str,
                            division: str = "closed", benchmark: str | None = None) -> dict:
-    """The summarizer's numbers for one ``results/<system>/<benchmark>`` folder, with our checks."""
+    """The summarizer's numbers for one ``results/<system>/<benchmark>`` folder, with our checks
+    (scoring.engine: `mlrepro score DIR --benchmark B` scores a folder with the same engine)."""
     from mlperf_logging.result_summarizer import result_summarizer as rs
 
     folder = Path(folder)
     benchmark = benchmark or rs._benchmark_alias(folder.name)
-    reasons: list[str] = []
-    try:
-        brules = rules_mod.benchmark_rules(benchmark, ruleset, usage)
-    except rules_mod.UnknownRules as exc:
-        brules = None
-        reasons.append(str(exc))
-    # result_summarizer._compute_strong_score_standalone: glob "result_*.txt".
-    files = sorted(folder.glob("result_*.txt"), key=lambda p: (len(p.name), p.name))
-    runs = [_run_of(p, usage, ruleset) for p in files]
-    scores = [r["minutes"] for r in runs if r["counted"]]
-    dropped = len(runs) - len(scores)
-    max_dropped = brules.max_dropped_runs if brules else (4 if benchmark == "unet3d" else 1)
-    scaling_factor = float(rs._get_scaling_factor(str(folder)))
-    olympic = None
-    if dropped <= max_dropped:
-        olympic = rs._compute_olympic_average(list(scores), dropped, max_dropped)
-    score = olympic * scaling_factor if olympic is not None else None
-
-    row: dict[str, Any] = {"benchmark": benchmark, "time_to_train": score, "Energy": None, "GBS": None,
-                           "samples_to_converge": None, "RCP": None, "rcp_scaling_factor": scaling_factor,
-                           "rcp_factor": None, "rcp_message": None, "olympic_minutes": olympic,
-                           "runs_found": len(runs), "runs_used": len(scores), "runs_dropped": dropped,
-                           "required_runs": brules.required_runs if brules else None,
-                           "max_dropped_runs": max_dropped, "folder": str(folder)}
-    if division == "closed" and runs:
-        row.update(_rcp(folder, runs, usage, ruleset))
-    rcp_pass = row.pop("rcp_pass", None)
-
-    if not runs:
-        reasons.append("no result_*.txt files")
-    if brules and runs and len(runs) != brules.required_runs:
-        reasons.append(f"{len(runs)} result files, {benchmark} needs {brules.required_runs}")
-    if dropped > max_dropped:
-        reasons.append(f"{dropped} runs dropped (at most {max_dropped} may be): no score")
-    elif olympic is None and runs:
-        reasons.append("not enough runs left for an olympic mean")
-    if division == "closed" and runs:
-        if rcp_pass is False:
-            reasons.append(f"RCP check failed: {row['rcp_message']}")
-        elif rcp_pass is None:
-            reasons.append(row["rcp_message"] or "RCP check not run")
-        if row["rcp_factor"] is not None and not math.isclose(row["rcp_factor"], scaling_factor, rel_tol=1e-9):
-            reasons.append(f"scaling.json holds {scaling_factor:.6g} but the runs' RCP check gives "
-                           f"{row['rcp_factor']:.6g} (the summarizer applies scaling.json, then rewrites it)")
-    # A dropped run within the allowance is part of olympic scoring, not a defect.
-    notes = [f"{r['file']} dropped: {'; '.join(r['reasons'][:2])}" for r in runs if not r["counted"]]
-    row["valid"] = score is not None and not reasons
-    row["reasons"] = reasons
-    row["run_notes"] = notes
-    row["runs"] = [{k: v for k, v in r.items() if k != "lines"} for r in runs]
+    row = engine.score_logs(engine.result_files(folder), benchmark=benchmark, ruleset=ruleset, usage=usage,
+                            division=division, folder=folder, scaling="published")
+    row["runs"] = [{"file": Path(r["file"]).name, "minutes": r["minutes"], "counted": r["counted"],
+                    "reasons": r["reasons"]} for r in row["runs"]]
     return row
 
 
