@@ -194,7 +194,7 @@ def _load_named(root: Path, folder: str, schema: str, name: str) -> tuple[dict, 
 
 
 # The repository this package belongs to: its schemas, when the config is elsewhere (`mlrepro score`).
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 SCORING_KEYS = ("required_runs", "target")
 
 
