@@ -100,11 +100,16 @@ def evaluations_in_time(window: Sequence, metric: str, start, stop) -> tuple[lis
     return kept, problems
 
 
+MIN_FINGERPRINT_EVALS = 3
+
+
 def fingerprint(evals: Sequence, start, stop) -> str | None:
     """What makes a run itself: its evaluation curve (samples, value) and when each evaluation and
     run_stop came, relative to run_start. Two real runs never share it to the millisecond; a log copied
-    with its seed edited (or dropped, or its clock shifted) does. None without evaluations."""
-    if not evals or start is None or stop is None:
+    with its seed edited (or dropped, or its clock shifted) does. None with fewer than MIN_FINGERPRINT_EVALS
+    evaluations: two sleeps of a short synthetic run can land on the same milliseconds in different
+    runs (seen on the local cluster: 2 of 24 such runs), three timings of real training never do."""
+    if len(evals) < MIN_FINGERPRINT_EVALS or start is None or stop is None:
         return None
     points = [[r.metadata.get("samples_count"), r.value, r.time_ms - start.time_ms] for r in evals]
     text = json.dumps([points, stop.time_ms - start.time_ms], sort_keys=True, default=repr)
