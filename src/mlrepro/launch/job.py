@@ -99,9 +99,13 @@ class SeedPlan:
 
 
 def write_plan(plan: SeedPlan) -> None:
-    """plan.json in the seed folder: the plan the seed runs, written once when it starts."""
-    plan.seed_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(paths.plan_file(plan.seed_dir), plan.to_json())
+    """plan.json in the seed folder: the plan the seed runs, written once when it starts (a folder that
+    cannot take it fails the seed with the reason, as any of the seed's files would)."""
+    try:
+        plan.seed_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(paths.plan_file(plan.seed_dir), plan.to_json())
+    except OSError as exc:
+        io_failure(plan, exc)
 
 
 def read_plan(seed_dir: Path) -> SeedPlan | None:
