@@ -88,7 +88,7 @@ def _planned(settings, bench, plan: job.SeedPlan | None = None) -> tuple[dict, j
     plan = plan or next((p for p in plans if p is not None), None)
     if plan is None:
         try:
-            plan = kinds.of(bench).prepare(settings, bench.name, bench.seeds[0])
+            plan = kinds.of(bench).plan_seed(settings, bench.name, bench.seeds[0])  # planned only: prepare would fetch
         except (ConfigError, OSError, ValueError):
             return None
     ref = early_stop.reference_runs(settings.root, bench, scoring_rules.for_benchmark(bench)) or []

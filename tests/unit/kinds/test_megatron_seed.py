@@ -209,6 +209,8 @@ def test_recorded_h100_seed_scored_by_the_score_rules(tmp_path):
     assert t["mfu"] == pytest.approx(t["tflops_per_gpu"] / 989) and 0.1 < t["mfu"] < 0.3
     assert t["tokens_per_s"] == pytest.approx(16 * 2048 / t["iter_time_s"])
     assert run["status"] == "success" and run["iteration_to_converge"] == 100 and run["curve"][-1][0] == 300
+    # Recorded before issue 26 gave each Megatron run a fingerprint (its curve and times; copies are one run).
+    assert isinstance(run.pop("fingerprint"), str)
     assert run == {**json.loads((recorded / "seed_1_run.json").read_text()), "file": run["file"]}
     score = json.loads((ws / "results/gpt_126m/score.json").read_text())
     assert score["valid"] and score["runs_counted"] == 1
