@@ -63,18 +63,18 @@ def section(score: dict) -> str:
                      f"{stop['required'] - stop['stopped_after']} seeds not run, at the mean cost of those that ran"))
     energy = c.get("energy_kwh")
     rows.append(("energy", None, f"{energy:.3g} kWh" if energy is not None else "not reported by the job records"))
-    parts.append(f"<table id='cost-table'><tr><th></th><th>{_e(unit)}</th><th></th></tr>"
+    parts.append(f"<div class='scroll'><table id='cost-table'><tr><th></th><th>{_e(unit)}</th><th></th></tr>"
                  + "".join(f"<tr><th>{_e(k)}</th><td class='num'>{_h(v)}</td><td class='small'>{_e(n)}</td></tr>"
-                           for k, v, n in rows) + "</table>")
+                           for k, v, n in rows) + "</table></div>")
     upper = plan.get("upper_bound_gpu_hours") or 0
     if upper:
         pct = min(100.0, 100 * (c.get("gpu_hours") or 0) / upper)
-        parts.append(f"<div id='cost-bar' title='spent / planned upper bound' style='background:#eee;width:420px'>"
+        parts.append(f"<div id='cost-bar' title='spent / planned upper bound' style='background:#eee;width:420px;max-width:100%'>"
                      f"<div style='background:#3a7bd5;width:{pct:.1f}%;height:12px'></div></div>"
                      f"<p class='small'>spent {pct:.1f}% of the planned upper bound</p>")
     seeds = c.get("seeds") or {}
     if seeds:
-        parts.append("<table id='cost-seeds'><tr><th>seed</th><th>attempts</th><th>failed</th><th>elapsed (s)</th>"
+        parts.append("<div class='scroll'><table id='cost-seeds'><tr><th>seed</th><th>attempts</th><th>failed</th><th>elapsed (s)</th>"
                      f"<th>{_e(unit)}</th><th>of which failed</th></tr>"
                      + "".join(f"<tr><td>{_e(s)}</td><td>{v['attempts']}</td><td>{v['failed_attempts']}</td>"
                                f"<td>{v['elapsed_s']:.0f}</td><td>{_h(v['gpu_hours'])}</td>"
@@ -82,7 +82,7 @@ def section(score: dict) -> str:
                                if not (v.get("stopped") and not v["attempts"]) else
                                f"<tr><td>{_e(s)}</td><td colspan='5' class='small'>not run: the early stop settled "
                                "the reproduction</td></tr>"
-                               for s, v in sorted(seeds.items(), key=lambda kv: int(kv[0]))) + "</table>")
+                               for s, v in sorted(seeds.items(), key=lambda kv: int(kv[0]))) + "</table></div>")
     parts.append(running_section(score.get("running_verdict")))
     return "".join(parts)
 
