@@ -11,8 +11,12 @@ the special token written out in the text).
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import random
+import threading
+import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -77,15 +81,16 @@ def make_mini_corpus(root: Path, chunks: int = 2, shards: int = 5, docs_per_shar
     return root
 
 
-def serve(root: Path, port: int = 0, rate_limited: tuple[str, ...] = ()):
-    """A threaded HTTP server of `root` on 127.0.0.1; paths in `rate_limited` answer 429 once first.
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
 
-    Returns the server (its port is server.server_address[1]); stop it with shutdown().
-    """
-    import functools
-    import http.server
-    import threading
 
+def serve(folder: Path, port: int = 0, *, rate_limited: tuple[str, ...] = (),
+          bytes_per_second: float | None = None) -> Server:
+    """A threaded HTTP server of `folder` on 127.0.0.1 (port 0: a free one); stop it with shutdown().
+
+    Paths in `rate_limited` answer 429 once first (as a busy server does); `bytes_per_second` paces
+    every response (a slow link: a download that lasts long enough to be watched)."""
     limited = set(rate_limited)
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -99,11 +104,20 @@ def serve(root: Path, port: int = 0, rate_limited: tuple[str, ...] = ()):
                 return
             super().do_GET()
 
+        def copyfile(self, source, outputfile):
+            if not bytes_per_second:
+                return super().copyfile(source, outputfile)
+            block = max(1, int(bytes_per_second / 20))
+            while chunk := source.read(block):
+                outputfile.write(chunk)
+                outputfile.flush()
+                time.sleep(len(chunk) / bytes_per_second)
+
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Handler, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = Server(("127.0.0.1", port), functools.partial(Handler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, name=f"serve {folder}", daemon=True).start()
     return server
 
 

@@ -17,15 +17,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
-import functools
-import http.server
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit, urlunsplit
+
+from mlrepro.corpus.minicorpus import make_mini_corpus, serve
 
 log = logging.getLogger(__name__)
 
@@ -45,54 +44,12 @@ def origin(root_folder: Path, name: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = root_folder / _DONE
         if not done.is_file():
-            from mlrepro.corpus import minicorpus
-
             started = time.monotonic()
-            minicorpus.make_mini_corpus(root_folder)
+            make_mini_corpus(root_folder)
             files = sorted(str(p.relative_to(root_folder)) for p in root_folder.rglob("*") if p.is_file())
             done.write_text(json.dumps({"made_by": f"mlrepro.corpus.minicorpus ({name})", "files": files}))
             log.info("wrote the %s files under %s (%.1f s)", name, root_folder, time.monotonic() - started)
     return root_folder
-
-
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-
-def serve(folder: Path, port: int = 0, *, rate_limited: tuple[str, ...] = (),
-          bytes_per_second: float | None = None) -> Server:
-    """A threaded HTTP server of `folder` on 127.0.0.1 (port 0: a free one); stop it with shutdown().
-
-    Paths in `rate_limited` answer 429 once first (as a busy server does); `bytes_per_second` paces
-    every response (a slow link: a download that lasts long enough to be watched)."""
-    limited = set(rate_limited)
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self):
-            if self.path in limited:
-                limited.discard(self.path)
-                self.send_response(429)
-                self.send_header("Retry-After", "1")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            super().do_GET()
-
-        def copyfile(self, source, outputfile):
-            if not bytes_per_second:
-                return super().copyfile(source, outputfile)
-            block = max(1, int(bytes_per_second / 20))
-            while chunk := source.read(block):
-                outputfile.write(chunk)
-                outputfile.flush()
-                time.sleep(len(chunk) / bytes_per_second)
-
-        def log_message(self, *args):
-            pass
-
-    server = Server(("127.0.0.1", port), functools.partial(Handler, directory=str(folder)))
-    threading.Thread(target=server.serve_forever, name=f"serve {folder}", daemon=True).start()
-    return server
 
 
 def _pointed(url: str, port: int) -> str:

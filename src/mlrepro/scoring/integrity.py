@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
+
+from mlrepro.scoring.mllog import finite
 
 STRICTER = "mlrepro is stricter than mlperf_logging here"
 # MLLOG's time_ms is Unix time in milliseconds: a run logged before 2000 or after 2100 has a clock
@@ -45,18 +46,8 @@ def event_of(logline) -> Event:
                  logline.lineno)
 
 
-def _finite(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    try:
-        value = float(x)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def implausible_time(time_ms: Any) -> bool:
-    value = _finite(time_ms)
+    value = finite(time_ms)
     return value is None or not EARLIEST_MS <= value <= LATEST_MS
 
 
@@ -155,7 +146,7 @@ def untrusted_time(run: dict) -> str | None:
     minutes = run.get("minutes")
     if minutes is None:
         return None
-    value = _finite(minutes)
+    value = finite(minutes)
     if value is None or value <= 0:
         return f"run time {minutes!r} minutes is not a positive number; not scored"
     return None
