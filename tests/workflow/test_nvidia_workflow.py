@@ -139,8 +139,9 @@ def fetched_variant(ws: Path) -> Path:
 
 
 def ran_jobs(proc: subprocess.CompletedProcess) -> list[str]:
-    """Names of the rules Snakemake started in an invocation (its `rule X:` / `localrule X:` lines)."""
-    return re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", proc.stdout + proc.stderr, flags=re.M)
+    """Names of the rules Snakemake ran in an invocation: its `Finished jobid: N (Rule: X)` lines (a rule
+    with a `message:` is announced by that message, not by `rule X:`)."""
+    return re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)", proc.stdout + proc.stderr, flags=re.M)
 
 
 # ---------------------------------------------------------------- 1. fixture implementation on Slurm

@@ -33,6 +33,8 @@ for _folder in (".snakemake", "results", "resources", "logs"):
 # Every process of the run dies with this snakemake process, however it dies (mlrepro.launch.guard).
 if workflow.is_main_process:
     run_guard.guard_workflow(Path.cwd())
+    if not workflow.dryrun:
+        run_guard.release_stale_lock(Path.cwd())  # a killed run's: the plain rerun needs no --unlock
 
 
 def config_error(error):

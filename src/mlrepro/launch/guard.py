@@ -8,7 +8,9 @@ while it parses the Snakefile, tags its environment with RUN_MARKER=<id>, which 
 environment), and starts this guard in a session of its own. Once that process is gone the guard
 kills every process carrying the tag, cancels the Slurm jobs the run submitted (whose working folder
 is inside the workflow's), and, when no other snakemake runs in the folder, removes the lock the
-dead one left: the plain rerun then starts without `--unlock`.
+dead one left: the plain rerun then starts without `--unlock`. The rerun does the same as it starts
+(release_stale_lock), so that it need not wait for a guard still cancelling jobs, or for one that
+died with the machine.
 
 A seed's own Slurm job (run.sub, submitted by mlrepro.launch.slurm into the seed's folder) is left to
 run: the rerun re-attaches to it, so no training is lost or run twice. Its processes carry the tag
@@ -96,8 +98,8 @@ def stop_run(marker: str, workdir: Path, started: str, slurm_job: str = "") -> N
     # jobs and the lock: neither is touched while one runs.
     if snakemake_running_in(workdir, besides=marker):
         return
+    release_lock(workdir)  # first: asking Slurm may take seconds, and a rerun may start meanwhile
     cancel_slurm_jobs(workdir, started)
-    release_lock(workdir)
 
 
 def cancel_slurm_jobs(workdir: Path, started: str) -> None:
@@ -136,6 +138,14 @@ def snakemake_running_in(workdir: Path, besides: str = "") -> list[int]:
         if any(part.endswith(b"snakemake") for part in command[:3]):
             found.append(int(entry.name))
     return found
+
+
+def release_stale_lock(workdir: str | os.PathLike) -> None:
+    """At the start of a run (snakemake locks the folder after parsing the Snakefile): the lock of a
+    snakemake that is gone, released; a live one's is left, and snakemake refuses to run beside it."""
+    workdir = Path(workdir).resolve()
+    if not [pid for pid in snakemake_running_in(workdir) if pid != os.getpid()]:
+        release_lock(workdir)
 
 
 def release_lock(workdir: Path) -> None:

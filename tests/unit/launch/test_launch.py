@@ -582,3 +582,27 @@ def test_a_seed_log_truncated_after_it_finished_is_named_with_its_rerun_which_ta
     stages_score.score_seed(settings(tree), "tiny", 1, out, run_json)
     assert "changed_after_finish" not in json.loads(run_json.read_text())
     assert status.seed_status(1, out.parent).state == status.DONE
+
+
+def test_a_rerun_releases_a_dead_runs_lock_and_leaves_a_live_runs(tmp_path):
+    """CI: the plain rerun right after a kill of snakemake's process was refused ("Directory cannot be
+    locked") while the dead run's guard was still asking Slurm which jobs to cancel."""
+    from mlrepro.launch import guard
+
+    lock = tmp_path / ".snakemake" / "locks" / "0.output.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(str(tmp_path / "results"))
+    # A live snakemake in the folder (a program of that name working there): its lock is kept.
+    program = tmp_path / "bin" / "snakemake"
+    program.parent.mkdir()
+    program.symlink_to(sys.executable)
+    live = subprocess.Popen([str(program), "-c", "import time; time.sleep(60)"], cwd=tmp_path)
+    try:
+        assert guard.snakemake_running_in(tmp_path.resolve()) == [live.pid]
+        guard.release_stale_lock(tmp_path)
+        assert lock.exists()
+    finally:
+        live.kill()
+        live.wait()
+    guard.release_stale_lock(tmp_path)
+    assert not lock.exists()
