@@ -30,12 +30,13 @@ def write_script(path: Path, body: str) -> Path:
 # ---------------------------------------------------------------- unit: parsing
 
 # Lines as Debian's Slurm 22.05 sacct prints them for
-# `sacct -X -P -n -o JobIDRaw,State,ExitCode,NodeList,ElapsedRaw,Submit,Start,End,Reason,JobName`.
+# `sacct -X -P -n -o JobIDRaw,State,ExitCode,NodeList,ElapsedRaw,Submit,Start,End,Reason,ConsumedEnergyRaw,JobName`
+# (ConsumedEnergyRaw: joules where an AcctGatherEnergyType plugin gathers it, as on job 1; else 0 or empty).
 SACCT_SAMPLE = """\
-1|COMPLETED|0:0|node[1-2]|4|2026-11-21T06:09:04|2026-11-21T06:09:05|2026-11-21T06:09:09|None|j.sh
-2|FAILED|3:0|node1|0|2026-11-21T06:09:33|2026-11-21T06:09:33|2026-11-21T06:09:33|None|f.sh
-3|CANCELLED by 0|0:15|node1|2|2026-11-21T06:09:33|2026-11-21T06:09:33|2026-11-21T06:09:35|None|s.sh
-4|PENDING|0:0|None assigned|0|2026-11-21T06:10:00|Unknown|Unknown|Resources|mlrepro|seed 4
+1|COMPLETED|0:0|node[1-2]|4|2026-11-21T06:09:04|2026-11-21T06:09:05|2026-11-21T06:09:09|None|5120|j.sh
+2|FAILED|3:0|node1|0|2026-11-21T06:09:33|2026-11-21T06:09:33|2026-11-21T06:09:33|None|0|f.sh
+3|CANCELLED by 0|0:15|node1|2|2026-11-21T06:09:33|2026-11-21T06:09:33|2026-11-21T06:09:35|None||s.sh
+4|PENDING|0:0|None assigned|0|2026-11-21T06:10:00|Unknown|Unknown|Resources|18446744073709551614|mlrepro|seed 4
 """
 
 
@@ -51,6 +52,8 @@ def test_parse_sacct_normalizes_states_exit_codes_and_nodes():
     assert pending.reason == "Resources"
     assert pending.name == "mlrepro|seed 4"  # a '|' in the job name survives
     assert [j.terminal for j in jobs] == [True, True, True, False]
+    # Energy only where sacct has a figure: 0, empty and Slurm's NO_VAL64 are "not gathered".
+    assert [j.energy_j for j in jobs] == [5120.0, None, None, None]
 
 
 def test_parse_sacct_rejects_a_short_line():

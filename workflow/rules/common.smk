@@ -139,8 +139,12 @@ def planned_cost(wc):
     b = bench(wc.benchmark)
     if not mlrepro_systems.implementation_known(SETTINGS.root, b):
         return f"{wc.benchmark}: cost planned once the implementation is fetched"
-    plan = kinds.of(b).dag_plan(SETTINGS, wc.benchmark, b.seeds[0])
-    return score_stage.planned_line(SETTINGS, wc.benchmark, plan)
+
+    def work():
+        plan = kinds.of(b).dag_plan(SETTINGS, wc.benchmark, b.seeds[0])
+        return score_stage.planned_line(SETTINGS, wc.benchmark, plan)
+
+    return per_benchmark("planned_cost", wc, work)
 
 
 def all_targets():

@@ -31,6 +31,7 @@ from mlrepro.launch.job import (
     record_failure,
     run_env,
 )
+from mlrepro.preflight import gpus as node_gpus
 from mlrepro.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,13 @@ def _environ(**values: str):
                 os.environ[k] = v
 
 
+def _energy(plan: SeedPlan, system: System, env: dict) -> float | None:
+    """NVML's energy counters of the seed's GPUs (None on a CPU system)."""
+    if system.device == "cpu":
+        return None
+    return node_gpus.energy_j(env.get("CUDA_VISIBLE_DEVICES"), plan.gpus_per_node)
+
+
 def given_gpus(parent: str | None, gpus: int) -> dict[str, str]:
     """The GPUs the seed's job runs on: those this process was given. submitit's LocalExecutor numbers a
     job's GPUs from 0 (CUDA_VISIBLE_DEVICES=0,1,..) whatever this process's CUDA_VISIBLE_DEVICES says, so a
@@ -226,7 +234,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
             job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(attempt_log),
                                   str(logdir / "run.pid"), system.cores)
         _record_job(plan, int(job.job_id), attempt, logdir)
-        started, t0 = now(), time.monotonic()
+        started, t0, joules = now(), time.monotonic(), _energy(plan, system, env)
         record_attempt(logdir, attempt, "local", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, start=started,
                        device=system.device)
 
@@ -269,7 +277,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         if started is not None:
             record_attempt(logdir, attempt, "local", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
                            start=started, end=now(), elapsed_s=round(time.monotonic() - t0, 3), state=state,
-                           device=system.device)
+                           energy_j=node_gpus.energy_between(joules, _energy(plan, system, env)), device=system.device)
     _check_exit(plan, rc, attempt, attempt_log, run_log)
 
 

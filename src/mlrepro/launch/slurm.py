@@ -185,7 +185,7 @@ def _record_cost(plan: SeedPlan, job: dict, info, device: str) -> None:
     record_attempt(Path(job["logdir"]), job["attempt"], "slurm", nodes=len(acct.nodes) or plan.nodes,
                    gpus_per_node=plan.gpus_per_node, start=acct.start, end=acct.end,
                    elapsed_s=acct.elapsed_seconds, state=acct.state, job_id=str(job["job_id"]),
-                   node_names=acct.nodes, source=acct.source or "sacct", device=device)
+                   node_names=acct.nodes, energy_j=acct.energy_j, source=acct.source or "sacct", device=device)
 
 
 def _bad_nodes(plan: SeedPlan, system: System, job: dict, info, run_log: Path) -> dict[str, str]:

@@ -96,6 +96,41 @@ def collect() -> tuple[str | None, list[dict]]:
         pynvml.nvmlShutdown()
 
 
+def energy_j(cuda_visible_devices: str | None, count: int) -> float | None:
+    """The energy NVML's counters say the first `count` GPUs of `cuda_visible_devices` (all the node's
+    when unset) used since the driver loaded, in joules; None without a driver, or where a GPU keeps no
+    counter (before Volta). A seed's energy is the difference of two readings around its attempt."""
+    from mlrepro.preflight import visible
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound and friends: no driver here
+        return None
+    try:
+        def uuid(i: int) -> str:
+            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            return u.decode() if isinstance(u, bytes) else u
+
+        chosen = visible.nvml_indices(cuda_visible_devices, pynvml.nvmlDeviceGetCount(), uuid)[:count]
+        millijoules = [pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(n))
+                       for n in chosen]
+        return sum(millijoules) / 1000 if millijoules else None
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def energy_between(before: float | None, after: float | None) -> float | None:
+    """Joules used between two readings of energy_j (None when either is missing, or the counters went
+    back: the driver was reloaded meanwhile)."""
+    if before is None or after is None or after < before:
+        return None
+    return after - before
+
+
 def health(gpu: dict, own_pids: set[int]) -> list[tuple[str, str]]:
     """(verdict, why) findings about one GPU that do not need a measurement."""
     found = []

@@ -12,13 +12,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from mlrepro.scoring.plots import plt
 from mlrepro.util.fsutil import atomic_path
 
 

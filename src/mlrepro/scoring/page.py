@@ -12,17 +12,8 @@ needs nothing beside it.
 from __future__ import annotations
 
 import html
-import io
 import math
 from typing import Any
-
-import matplotlib
-
-matplotlib.use("Agg")  # before pyplot is imported anywhere in the scorer: no display here
-import matplotlib.pyplot as plt
-
-# Text stays text in the SVG (a page's fonts, smaller files, labels a reader or a test can select).
-matplotlib.rcParams["svg.fonttype"] = "none"
 
 # The page's style: the content keeps to the window; a table wider than it scrolls in its own box
 # (.scroll), never the page; figures shrink to the width they have.
@@ -49,14 +40,6 @@ def escape(x: Any) -> str:
 
 def number(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
-
-
-def inline_svg(fig) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and doctype
 
 
 ALPHA = 0.05

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mlrepro.scoring import page
-from mlrepro.scoring.page import CSS, VIEWPORT, escape, inline_svg, number, plt
+from mlrepro.scoring.page import CSS, VIEWPORT, escape, number
+from mlrepro.scoring.plots import inline_svg, plt
 from mlrepro.util.fsutil import atomic_write_text
 from mlrepro.scoring.mllog import parse_log
 
@@ -98,7 +99,7 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
                   measures: str | None = None) -> str:
     """The report page as a string (`figures` from plots(), made from `logs` when not given).
 
-    `verdict_html` (mlrepro.scoring.verdict.render_section) opens the page: how it compares with the
+    `verdict_html` (mlrepro.scoring.verdict_report.render_section) opens the page: how it compares with the
     reference, what the page is read for. `measures` says what the metric measures where its name
     does not (the benchmark's target.measures).
     """

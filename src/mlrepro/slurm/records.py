@@ -77,6 +77,7 @@ class JobInfo:
     start: str | None = None
     end: str | None = None
     reason: str | None = None
+    energy_j: float | None = None  # sacct's ConsumedEnergyRaw: only where the cluster gathers energy
     source: str = ""  # sacct | squeue | none
 
     @property
@@ -172,7 +173,16 @@ def _parse_exit(text: str) -> tuple[int | None, int | None]:
 
 
 SACCT_FIELDS = ("JobIDRaw", "State", "ExitCode", "NodeList", "ElapsedRaw", "Submit", "Start", "End",
-                "Reason", "JobName")
+                "Reason", "ConsumedEnergyRaw", "JobName")
+
+
+def _energy(text: str) -> float | None:
+    """ConsumedEnergyRaw (joules): empty, 0 or a sentinel (NO_VAL64) where no AcctGatherEnergyType plugin
+    gathers it, which is not a job that used no energy."""
+    text = text.strip()
+    if not text.isdigit() or int(text) == 0 or int(text) >= 2**63:
+        return None
+    return float(text)
 
 
 def parse_sacct(text: str) -> list[JobInfo]:
@@ -185,7 +195,7 @@ def parse_sacct(text: str) -> list[JobInfo]:
         parts = line.split("|", n - 1)
         if len(parts) < n:
             raise SlurmError(f"unexpected sacct line (wanted {n} fields): {line!r}")
-        job_id, raw_state, exit_text, nodelist, elapsed, submit, start, end, reason, name = parts
+        job_id, raw_state, exit_text, nodelist, elapsed, submit, start, end, reason, energy, name = parts
         exit_code, sig = _parse_exit(exit_text)
         jobs.append(JobInfo(
             job_id=job_id.strip(),
@@ -200,6 +210,7 @@ def parse_sacct(text: str) -> list[JobInfo]:
             start=_timestamp(start),
             end=_timestamp(end),
             reason=None if reason.strip() in ("", "None") else reason.strip(),
+            energy_j=_energy(energy),
             source="sacct",
         ))
     return jobs

@@ -137,13 +137,13 @@ def report(settings, benchmark: str, score_file: Path, mllogs: list[Path], out: 
            verdict_file: Path | None = None) -> None:
     from mlrepro.scoring import cost_report
     from mlrepro.scoring import report as reports
-    from mlrepro.scoring import verdict as verdicts
+    from mlrepro.scoring import verdict_report
 
     score = json.loads(Path(score_file).read_text())
     section = cost_report.section(score)
     if verdict_file is not None:
         svg = plot_dir / "distribution.svg"
-        section = verdicts.render_section(json.loads(Path(verdict_file).read_text()),
+        section = verdict_report.render_section(json.loads(Path(verdict_file).read_text()),
                                           svg.read_text() if svg.is_file() else None) + section
     reports.write_report(score, mllogs, out, plot_dir=plot_dir, verdict_html=section or None,
                          measures=settings.benchmark(benchmark).target.get("measures"))
@@ -164,6 +164,7 @@ def verdict(settings, benchmark: str, score_file: Path, reference_file: Path, co
 
     from mlrepro.kinds import mlperf
     from mlrepro.scoring import verdict as verdicts
+    from mlrepro.scoring import verdict_report
     from mlrepro.util.fsutil import atomic_write_text
 
     pre = preflight_file(settings, benchmark)
@@ -182,4 +183,4 @@ def verdict(settings, benchmark: str, score_file: Path, reference_file: Path, co
         result["why"] = [yours["early_stop"]["message"]] + [w for w in result["why"]
                                                             if w != yours["early_stop"]["message"]]
     atomic_write_json(out, result)
-    atomic_write_text(plot, verdicts.distribution_plot(result))
+    atomic_write_text(plot, verdict_report.distribution_plot(result))

@@ -106,3 +106,24 @@ def test_saving_and_units():
     assert cost.saved_by_stopping([], 7) is None
     assert cost.unit("cpu") == "CPU-hours" and cost.unit("cuda") == "GPU-hours"
     assert cost.hours(0.01234, "CPU-hours") == "0.0123 CPU-hours" and cost.hours(None) == "-"
+
+
+def test_energy_is_summed_in_kwh_only_where_every_attempt_reports_it(tmp_path):
+    """Issue 24: energy beside the GPU-hours, from sacct's ConsumedEnergyRaw or NVML's counters; a seed with
+    one attempt that did not report it has no energy figure (a partial sum would read as the whole)."""
+    from mlrepro.preflight import gpus as node_gpus
+
+    reported = [cost.attempt_record(1, "slurm", nodes=1, gpus_per_node=8, start=None, elapsed_s=3600,
+                                    state="FAILED", energy_j=1.8e6),
+                cost.attempt_record(2, "slurm", nodes=1, gpus_per_node=8, start=None, elapsed_s=3600,
+                                    state="COMPLETED", energy_j=5.4e6)]
+    for r in reported:
+        r["gpu_hours"] = cost.gpu_hours(r)
+    assert cost.seed_cost(reported)["energy_kwh"] == pytest.approx(2.0)
+    partial = [dict(reported[0], energy_j=None), reported[1]]
+    assert cost.seed_cost(partial)["energy_kwh"] is None
+    # Two readings of NVML's counters: their difference, or nothing when one is missing or the driver reloaded.
+    assert node_gpus.energy_between(1000.0, 1500.5) == pytest.approx(500.5)
+    assert node_gpus.energy_between(None, 10.0) is None and node_gpus.energy_between(10.0, 5.0) is None
+    # This machine has no NVIDIA driver: no reading, not zero joules.
+    assert node_gpus.energy_j(None, 1) is None

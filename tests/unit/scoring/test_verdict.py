@@ -26,7 +26,7 @@ from mlrepro.stages import score as stages_score
 from mlrepro.scoring import reference
 from mlrepro.scoring import score as scoring
 from mlrepro.scoring.rules import rules_for
-from mlrepro.scoring import verdict
+from mlrepro.scoring import verdict, verdict_report
 from workspace import make_workspace
 import workspace
 
@@ -138,7 +138,7 @@ def test_no_reference_compares_seeds_only(tmp_path):
     assert v["verdict"] == "seeds only" and v["tests"] == {} and v["reference_score_minutes"] is None
     assert "compared with each other only" in v["why"][0]
     assert v["seeds"]["runs"] == 10 and v["seeds"]["range_pct"] == pytest.approx(20.0)
-    html = verdict.render_section(v, verdict.distribution_plot(v))
+    html = verdict_report.render_section(v, verdict_report.distribution_plot(v))
     assert "id='seed-spread'" in html and "+20.0%" in html and html.count("<svg") == 1
 
 
