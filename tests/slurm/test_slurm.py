@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+import subprocess
 import stat
 import time
 from pathlib import Path
@@ -216,6 +218,34 @@ def test_scancel_gives_cancelled(slurm_cluster, tmp_path):
     slurm.cancel(job_id)
     info = slurm.wait(job_id, poll_seconds=0.5, timeout_seconds=60)
     assert info.state == "CANCELLED"
+
+
+@pytest.mark.slurm
+def test_a_bad_node_is_excluded_from_the_seeds_queued_already(slurm_cluster, tmp_path):
+    """Issue 24 item 4: a node found bad mid-reproduction was kept out of seeds submitted after it, but a
+    seed queued before started on it. Held jobs stand for queued seeds: two in the reproduction's
+    results/ (one with an exclusion of its own, which must stay), one elsewhere (not ours to change)."""
+    script = write_script(tmp_path / "sleep.sub", "sleep 300\n")
+    seeds = [tmp_path / "results" / "b" / f"seed_{n}" / "attempt_1" for n in (1, 2)]
+    other = tmp_path / "elsewhere"
+    for folder in (*seeds, other):
+        folder.mkdir(parents=True)
+    jobs = [slurm.submit(script, env={}, job_name="mlrepro-test-queued", workdir=seeds[0], extra_args=["--hold"]),
+            slurm.submit(script, env={}, job_name="mlrepro-test-queued", workdir=seeds[1], exclude=["node1"],
+                         extra_args=["--hold"]),
+            slurm.submit(script, env={}, job_name="mlrepro-test-queued", workdir=other, extra_args=["--hold"])]
+    try:
+        updated = slurm.exclude_from_pending(tmp_path / "results", ["node2"])
+        assert sorted(updated) == sorted(jobs[:2])
+        excluded = {j: re.search(r"ExcNodeList=(\S+)", subprocess.run(["scontrol", "show", "job", j], capture_output=True,
+                                                                      text=True, check=True).stdout).group(1)
+                    for j in jobs}
+        assert excluded[jobs[0]] == "node2" and sorted(slurm.expand_hostlist(excluded[jobs[1]])) == ["node1", "node2"]
+        assert excluded[jobs[2]] == "(null)"
+        assert slurm.exclude_from_pending(tmp_path / "results", ["node2"]) == []  # once is enough
+    finally:
+        for j in jobs:
+            slurm.cancel(j)
 
 
 @pytest.mark.slurm

@@ -192,14 +192,25 @@ def _bad_nodes(plan: SeedPlan, system: System, job: dict, info, run_log: Path) -
     """The nodes this attempt found bad (its quick preflight, a node failure, a GPU error), each recorded
     for the whole reproduction so that every later seed excludes it."""
     from mlrepro.preflight import quick
+    from mlrepro.slurm import client as slurm
 
     found = dict(quick.failed_nodes(Path(job["logdir"])))
     text = run_log.read_text(errors="replace") if run_log.is_file() else ""
     if info.state != "COMPLETED" and (why := node_health.node_side(info.state, text)) and not found:
         found = {node: why for node in info.nodes}
-    for node, why in found.items():
-        if node_health.record(bad_nodes_file(plan, system), node, why, benchmark=plan.benchmark, seed=plan.seed,
-                              attempt=job["attempt"], job_id=str(job["job_id"]),
-                              source="preflight" if "preflight" in why else "job"):
-            log.warning("seed %d: node %s is bad (%s); every later seed excludes it", plan.seed, node, why)
+    new = [node for node, why in found.items()
+           if node_health.record(bad_nodes_file(plan, system), node, why, benchmark=plan.benchmark, seed=plan.seed,
+                                 attempt=job["attempt"], job_id=str(job["job_id"]),
+                                 source="preflight" if "preflight" in why else "job")]
+    for node in new:
+        log.warning("seed %d: node %s is bad (%s); every later seed excludes it", plan.seed, node, found[node])
+    if new:
+        # Seeds queued already would still start on it: their pending jobs exclude it too.
+        try:
+            queued = slurm.exclude_from_pending(plan.seed_dir.parents[1], new)  # results/: every benchmark's seeds
+        except slurm.SlurmError as exc:
+            log.warning("seed %d: the queued seeds could not be kept off %s: %s", plan.seed, ",".join(new), exc)
+        else:
+            if queued:
+                log.warning("seed %d: queued Slurm job(s) %s now exclude %s", plan.seed, ",".join(queued), ",".join(new))
     return found

@@ -346,6 +346,33 @@ def live_jobs_in(folder: str | os.PathLike, *, submitted_since: str = "") -> lis
     return found
 
 
+def exclude_from_pending(folder: str | os.PathLike, nodes: Iterable[str]) -> list[str]:
+    """Add `nodes` to the excluded nodes of the current user's pending jobs whose working folder is
+    inside `folder` (a reproduction's seeds, queued before a node was found bad): their own
+    exclusions are kept. The ids of the jobs updated; a job that started meanwhile is left as it is."""
+    nodes = [n for n in nodes if n]
+    proc = _run(["squeue", "-h", "-u", _current_user(), "-t", "PENDING", "-o", "%i|%x|%Z"], check=False)
+    if proc.returncode != 0:
+        raise SlurmError(f"squeue failed (exit {proc.returncode}): {proc.stderr.strip()}", stderr=proc.stderr)
+    root = Path(folder).resolve()
+    updated = []
+    for line in proc.stdout.splitlines():
+        job_id, _, rest = line.strip().partition("|")
+        excluded, _, workdir = rest.partition("|")
+        if not job_id or not workdir or not Path(workdir).is_relative_to(root):
+            continue
+        have = expand_hostlist(excluded) if excluded.strip() not in ("", "(null)") else []
+        if all(n in have for n in nodes):
+            continue
+        update = _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join([*have, *(n for n in nodes if n not in have)])}"],
+                      check=False)
+        if update.returncode == 0:
+            updated.append(job_id)
+        else:  # started or ended since squeue answered: its nodes are chosen already
+            log.info("Slurm job %s not updated: %s", job_id, update.stderr.strip())
+    return updated
+
+
 def find_jobs(name: str, *, user: str | None = None, since: str = "now-30days",
               status_command: str = "sacct") -> list[JobInfo]:
     """Jobs of `user` (default: the current one) named `name`, oldest first.
