@@ -66,3 +66,50 @@ def test_stops_after_two_of_four_and_says_so(stopped):
     assert json.loads((bench / "verdict.json").read_text())["verdict"] == "not reproduced"
     report = (bench / "report.html").read_text()
     assert "stopped after 2 of 4 seeds" in report and "id='cost-table'" in report
+
+
+def _losses_scaled(text: str, factor: float) -> str:
+    """The runs' evaluation losses times `factor` (their samples and times as they were)."""
+    out = []
+    for line in text.splitlines():
+        if '"key": "eval_accuracy"' in line:
+            line = re.sub(r'"value": ([0-9.eE+-]+)', lambda m: f'"value": {float(m.group(1)) * factor}', line)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture(scope="module")
+def diverged(stopped):
+    """Issue 24 item 3, end to end: the stopped workspace (its data prepared) set going again, against a
+    reference whose losses are half this machine's at every point, with cancel_diverged on: seed 3
+    leaves the band within its first evaluations and is cancelled long before it could converge."""
+    ws, _ = stopped
+    bench_dir = ws / "results" / "mini_lora"
+    (bench_dir / "early_stop.json").unlink()
+    shutil.rmtree(bench_dir / "seed_3")
+    ref = ws / "implementations" / "mini_lora" / "better_reference"
+    shutil.copytree(ws / "implementations" / "mini_lora" / "reference", ref)
+    for log in ref.glob("result_*.txt"):
+        log.write_text(_losses_scaled(log.read_text(), 0.5))
+    bench = ws / "config" / "benchmarks" / "mini_lora.yaml"
+    text = bench.read_text().replace("runs: implementations/mini_lora/fast_reference",
+                                     "runs: implementations/mini_lora/better_reference")
+    bench.write_text(text.replace("early_stop: {confidence: 0.99, min_seeds: 2}",
+                                  "early_stop: {confidence: 0.99, min_seeds: 2, cancel_diverged: true}"))
+    proc = run_snakemake(ws, "--profile", "profiles/local", "--cores", "2", "results/mini_lora/seed_3/mllog.txt",
+                         timeout=900, check=False)
+    return bench_dir / "seed_3", proc
+
+
+def test_a_seed_outside_the_reference_band_is_cancelled_as_diverged_and_its_cost_counted(diverged):
+    seed, proc = diverged
+    assert proc.returncode != 0, "a diverged seed's job must fail: it has no result"
+    failure = json.loads((seed / "failure.json").read_text())
+    assert failure["state"] == "DIVERGED" and failure["reason"].startswith("diverged: "), failure
+    band = json.loads((seed / "diverged.json").read_text())
+    assert band["lost"] is True and band["worse"] >= 2
+    attempt = json.loads((seed / "attempt_1" / "attempt.json").read_text())
+    assert attempt["state"] == "DIVERGED" and attempt["elapsed_s"] > 0  # what it ran is spent, and counted
+    assert not (seed / "mllog.txt").exists() and not list(seed.glob("attempt_2"))  # cancelled, never retried
+    log = (seed / "attempt_1" / "run.log").read_text()
+    assert '"run_start"' in log and '"run_stop"' not in log  # stopped before it could converge

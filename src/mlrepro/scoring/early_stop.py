@@ -59,17 +59,22 @@ def finished_runs(root: Path, benchmark: str, rules) -> dict[int, dict]:
     return out
 
 
-def reference_runs(root: Path, bench: Any, rules) -> list[rv.Run] | None:
-    """The reference's runs: reference.json once its rule ran, else the shipped reference runs."""
-    ref = paths.read_json_if_exists(paths.benchmark_dir(root, bench.name) / "reference.json")
-    if ref is not None:
-        return rv.runs_of(((ref.get("score") or {}).get("runs")) or []) or None
-    if getattr(bench, "reference", None):
+def reference_scores(root: Path, bench: Any, rules) -> list[dict]:
+    """The reference's scored runs: the shipped runs the benchmark names (read as they are now: a
+    reference.json made before they changed would be stale), else reference.json once its rule ran
+    (a published reference)."""
+    if getattr(bench, "reference", None) and bench.reference.get("runs"):
         from mlrepro.scoring import score
 
         logs = sorted(Path(bench.reference["runs"]).glob("result_*.txt"))
-        return rv.runs_of([score.score_run(p, rules, run_compliance=False) for p in logs]) or None
-    return None
+        return [score.score_run(p, rules, run_compliance=False) for p in logs]
+    ref = paths.read_json_if_exists(paths.benchmark_dir(root, bench.name) / "reference.json")
+    return ((ref or {}).get("score") or {}).get("runs") or []
+
+
+def reference_runs(root: Path, bench: Any, rules) -> list[rv.Run] | None:
+    """The reference's runs as the running verdict reads them."""
+    return rv.runs_of(reference_scores(root, bench, rules)) or None
 
 
 def running(root: Path, bench: Any, rules, simulations: int = rv.SIMULATIONS) -> dict:
@@ -124,15 +129,7 @@ def reference_curves(root: Path, bench: Any, rules) -> list:
     """The reference runs' evaluation curves ([[samples, value], ...] each), the band's input."""
     from mlrepro.scoring import eval_band
 
-    ref = paths.read_json_if_exists(paths.benchmark_dir(root, bench.name) / "reference.json")
-    if ref is not None:
-        return eval_band.reference_curves(((ref.get("score") or {}).get("runs")) or [])
-    if getattr(bench, "reference", None):
-        from mlrepro.scoring import score
-
-        logs = sorted(Path(bench.reference["runs"]).glob("result_*.txt"))
-        return eval_band.reference_curves([score.score_run(p, rules, run_compliance=False) for p in logs])
-    return []
+    return eval_band.reference_curves(reference_scores(root, bench, rules))
 
 
 def live_log(seed_folder: Path) -> Path | None:
