@@ -37,6 +37,16 @@ def slurm_cluster():
     return proc
 
 
+@pytest.fixture(scope="session")
+def mini_lora_data(tmp_path_factory) -> Path:
+    """A workspace whose mini_lora data stages ran once for the whole session: the workflow tests that
+    start from prepared data copy it (workspace.make_workspace(data_from=...)) instead of pretraining
+    the base checkpoint again. The tests of the data stages themselves make their own."""
+    from workspace import prepare_mini_lora_data
+
+    return prepare_mini_lora_data(tmp_path_factory.mktemp("mini_lora_data") / "ws")
+
+
 @pytest.fixture
 def tree(tmp_path):
     """A copy of the repository's config/, schemas and the mini_lora implementation, to corrupt freely."""

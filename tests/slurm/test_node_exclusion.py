@@ -36,8 +36,8 @@ slurm: {status_command: sacct, poll_seconds: 2}
 
 
 @pytest.fixture(scope="module")
-def excluded_run(slurm_cluster, tmp_path_factory):
-    ws = make_workspace(tmp_path_factory.mktemp("nodes") / "ws")
+def excluded_run(slurm_cluster, mini_lora_data, tmp_path_factory):
+    ws = make_workspace(tmp_path_factory.mktemp("nodes") / "ws", data_from=mini_lora_data)
     (ws / "config" / "systems" / "local-slurm-pernode.yaml").write_text(SYSTEM)
     bench = ws / "config" / "benchmarks" / "mini_lora.yaml"
     text = bench.read_text().replace("required_runs: 10", "required_runs: 3")

@@ -90,7 +90,7 @@ def kill_in_data_preparation(ws: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def scenario(slurm_cluster, tmp_path_factory):
-    ws = make_workspace(tmp_path_factory.mktemp("slurm") / "ws")
+    ws = make_workspace(tmp_path_factory.mktemp("slurm") / "ws", quick=True)
     data_kill = kill_in_data_preparation(ws)
     first = subprocess.Popen(snakemake_cmd(*ARGS), cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)

@@ -35,8 +35,8 @@ def _compressed(text: str, factor: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
-    ws = make_workspace(tmp_path_factory.mktemp("early") / "ws")
+def stopped(mini_lora_data, tmp_path_factory):
+    ws = make_workspace(tmp_path_factory.mktemp("early") / "ws", data_from=mini_lora_data)
     ref = ws / "implementations" / "mini_lora" / "fast_reference"
     shutil.copytree(ws / "implementations" / "mini_lora" / "reference", ref)
     for log in ref.glob("result_*.txt"):

@@ -24,15 +24,15 @@ PROFILE = ("--profile", "profiles/local")
 
 
 @pytest.fixture(scope="module")
-def two_benchmarks(tmp_path_factory):
-    ws = make_workspace(tmp_path_factory.mktemp("final") / "ws")
+def two_benchmarks(mini_lora_data, tmp_path_factory):
+    ws = make_workspace(tmp_path_factory.mktemp("final") / "ws", quick=True, data_from=mini_lora_data)
     bench_dir = ws / "config" / "benchmarks"
     mini = yaml.safe_load((bench_dir / "mini_lora.yaml").read_text())
     # Few seeds keep the test short; the verdict machinery is the same at ten.
     (bench_dir / "mini_lora.yaml").write_text(yaml.safe_dump({**mini, "required_runs": 2}))
     twin = {k: v for k, v in mini.items() if k != "reference"}
     (bench_dir / "mini_twin.yaml").write_text(yaml.safe_dump(
-        {**twin, "name": "mini_twin", "required_runs": 2, "env": {"SUBMISSION_BENCHMARK": "mini_twin"}}))
+        {**twin, "name": "mini_twin", "required_runs": 2, "env": {**twin.get("env", {}), "SUBMISSION_BENCHMARK": "mini_twin"}}))
     cfg = yaml.safe_load((ws / "config" / "config.yaml").read_text())
     (ws / "config" / "config.yaml").write_text(yaml.safe_dump({**cfg, "benchmarks": ["mini_lora", "mini_twin"],
                                                                "system": "local"}))

@@ -103,8 +103,8 @@ def test_status_shows_a_corpus_download_with_rate_and_eta(tmp_path):
     assert final["finished"] and not final["live"] and final["done"] == final["total"]
 
 
-def test_status_shows_a_training_mlperf_seed_against_the_reference(tmp_path):
-    ws = make_workspace(tmp_path / "ws")
+def test_status_shows_a_training_mlperf_seed_against_the_reference(mini_lora_data, tmp_path):
+    ws = make_workspace(tmp_path / "ws", data_from=mini_lora_data)
     seed = "results/mini_lora/seed_1/mllog.txt"
     run = start(ws, "results/mini_lora/reference.json", seed)
     try:

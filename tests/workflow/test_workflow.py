@@ -162,7 +162,7 @@ def finished(tmp_path_factory):
     """A workspace whose snakemake's process (alone, not its group) was killed in data preparation,
     mid-seed and between two seeds, each time rerun with the README's plain command, the last time
     to the end."""
-    ws = make_workspace(tmp_path_factory.mktemp("mini") / "ws")
+    ws = make_workspace(tmp_path_factory.mktemp("mini") / "ws", quick=True)
     results = ws / "results" / "mini_lora"
     kills = {"data": _stop(ws, signal.SIGKILL, _checkpoint_running, group=False)}
     killed = kills["seed"] = _stop_mid_seed(ws, signal.SIGKILL, group=False)
@@ -329,7 +329,7 @@ def test_fresh_checkout_reusing_resources_runs_its_seeds(finished, tmp_path):
     import shutil
 
     old = finished["ws"]
-    ws = make_workspace(tmp_path / "fresh")
+    ws = make_workspace(tmp_path / "fresh", quick=True)
     for path in (ws / "implementations").rglob("*"):
         os.utime(path)  # a git checkout writes every file now
     shutil.copytree(old / "resources", ws / "resources")  # copy2: the old times stay

@@ -157,7 +157,9 @@ def compare(yours: dict, reference: dict, *, benchmark: str | None = None, syste
         why = out["reasons"] + why
     else:
         out["verdict"] = NOT_REPRODUCED if why else REPRODUCED
-        if not why:
+        if not why and out["difference_pct"] is None:  # a reference with runs but no score of its own
+            why = ["no test finds a difference; the reference has no score to state one in %"]
+        elif not why:
             why = [f"difference {out['difference_pct']:+.1f}% is within what the runs' spread explains"]
     out["why"] = why
     return out

@@ -309,3 +309,17 @@ def test_mini_lora_reference_runs_are_scored_like_its_seeds(tmp_path):
     bench.write_text(bench.read_text().replace("runs: implementations/mini_lora/reference", "runs: nowhere"))
     with pytest.raises(mlrepro_config.ConfigError, match=r"mini_lora.yaml: reference.runs: folder 'nowhere'"):
         mlrepro_config.load({"benchmarks": ["mini_lora"], "system": "local"}, ws)
+
+
+def test_a_reference_without_a_score_of_its_own_gives_a_verdict_not_a_traceback(tmp_path):
+    """issue 27 (found while building it): a valid score against a reference whose own score is missing
+    (its runs did not make one) raised TypeError formatting the difference."""
+    import logs_factory as lf
+
+    mine = scoring.score_runs(lf.write_runs(tmp_path / "mine", lf.ten_runs()), RULES)
+    theirs = scoring.score_runs(lf.write_runs(tmp_path / "theirs", lf.ten_runs()), RULES)
+    theirs["score_minutes"] = None
+    v = verdict.compare(mine, {"kind": "reference runs", "label": "reference", "score": theirs,
+                               "match": {"because": "shipped runs"}})
+    assert v["verdict"] in ("reproduced", "not reproduced") and v["difference_pct"] is None
+    assert v["why"] and all(isinstance(w, str) for w in v["why"])
