@@ -133,6 +133,8 @@ def apply(lines: list[str], edit) -> list[str]:
     kind, a, b = edit
     lines = list(lines)
     if kind == "swap":
+        # an earlier edit may have deleted lines: the indices are of the log as it is now
+        a, b = a % len(lines), b % len(lines)
         lines[a], lines[b] = lines[b], lines[a]
     elif kind == "copy_iteration":
         lines.insert(min(b, len(lines)), SDPA_LINES[a])

@@ -26,6 +26,20 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def current_umask() -> int:
+    """The process's umask, read without setting it: os.umask(0) to learn it would leave it 0 for a
+    moment, and a file another thread makes then (a progress meter's, a band watcher's) is open to all."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o077)  # no /proc: the brief value is the strictest, never the most open
+    os.umask(umask)
+    return umask
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `target`; rename it over `target` on success.
@@ -36,9 +50,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     # mkstemp creates 0600; targets are ordinary files, readable as the umask allows.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
+    os.fchmod(fd, 0o666 & ~current_umask())
     os.close(fd)
     tmp_path = Path(tmp)
     try:

@@ -27,6 +27,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable
 
+from mlrepro.util import fsutil
+
 # A long stage's log gets a line this often, and status sees numbers this fresh (a test watching a
 # short download sets MLREPRO_PROGRESS_SECONDS lower).
 INTERVAL_S = float(os.environ.get("MLREPRO_PROGRESS_SECONDS") or 10.0)
@@ -82,7 +84,7 @@ def write_file(path: Path, record: dict) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(record, fh)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~fsutil.current_umask())  # private where the run's umask is (its results are)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -267,8 +267,10 @@ def test_step_budget_ends_with_run_stop_aborted(dataset, checkpoint):
 
 @pytest.mark.slow
 def test_log_pretending_to_be_llama2_70b_lora_passes_the_compliance_checker(dataset, checkpoint, tmp_path):
+    # At a higher learning rate (logged as opt_base_learning_rate, which the checker only requires once)
+    # the same target is reached in a third of the time; the checker's subject is the log's shape.
     res = run_and_time({"DATADIR": str(dataset), "MODEL": str(checkpoint), "SEED": "5",
-                        "SUBMISSION_BENCHMARK": "llama2_70b_lora"})
+                        "SUBMISSION_BENCHMARK": "llama2_70b_lora", "LR": workspace.QUICK_LR})
     assert res.returncode == 0, res.stderr[-3000:]
     log = tmp_path / "result_0.txt"
     log.write_text(res.stdout)

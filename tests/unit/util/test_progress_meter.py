@@ -131,3 +131,22 @@ def test_a_watched_folder_reports_the_bytes_written_into_it(tmp_path):
     assert 0 < middle["done"] <= 5000 and meter.reports >= 3
     assert json.loads((tmp_path / "p.json").read_text())["done"] == 5000
     assert progress.folder_size(tmp_path / "nowhere") == 0
+
+
+def test_a_progress_file_is_as_private_as_the_runs_umask_and_reading_it_leaves_the_umask(tmp_path):
+    """CI: checkpoint.progress.json was chmod 0644 in a run whose every other file is private (umask 077)."""
+    import os
+    import stat
+
+    from mlrepro.util import fsutil
+
+    old = os.umask(0o077)
+    try:
+        progress.write_file(tmp_path / "p.json", {"done": 1})
+        assert stat.S_IMODE((tmp_path / "p.json").stat().st_mode) == 0o600
+        assert fsutil.current_umask() == 0o077 and os.umask(0o077) == 0o077  # read, never changed
+        os.umask(0o022)
+        progress.write_file(tmp_path / "q.json", {"done": 1})
+        assert stat.S_IMODE((tmp_path / "q.json").stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
