@@ -228,8 +228,9 @@ def image_line(wc):
     """What the dry run says of a benchmark's image: the prebuilt one named, or what is built."""
     from mlrepro.container import prebuilt
 
-    return prebuilt.plan_line(mlrepro_config.prebuilt_image(bench(wc.benchmark), SYSTEM), SYSTEM.container_runtime,
-                              "the implementation's Dockerfile")
+    return per_benchmark("image_line", wc, lambda: prebuilt.plan_line(
+        mlrepro_config.prebuilt_image(bench(wc.benchmark), SYSTEM), SYSTEM.container_runtime,
+        "the implementation's Dockerfile"))
 
 
 # config/preflight.yaml validated at parse time: a bad key, or a Megatron layout the node cannot

@@ -27,8 +27,10 @@ class YamlError(ValueError):
     """A YAML file that cannot be used; the message names the file."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last)."""
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last). libyaml's
+    parser where PyYAML has it: every `snakemake` reads the configuration, and the pure-Python one
+    took a third of a second for config/."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
