@@ -171,7 +171,7 @@ def test_score_after_the_rerun(scenario):
     ws = scenario["ws"]
     score = json.loads((ws / TARGET).read_text())
     assert sorted(r["seed"] for r in score["runs"]) == list(SEEDS)
-    assert sum(r["converged"] for r in score["runs"]) >= 9
+    assert sum(r["converged"] for r in score["runs"]) >= len(SEEDS) - 1
     assert not (seed_dir(ws, scenario["cancelled_seed"]) / "failure.json").exists()
     assert "re-attaching" in scenario["second"].stdout + scenario["second"].stderr
 
