@@ -333,17 +333,20 @@ def cancel(job_id: str | int, *, signal: str | None = None) -> None:
 def live_jobs_in(folder: str | os.PathLike, *, submitted_since: str = "") -> list[str]:
     """Ids of the current user's queued or running jobs whose working folder is `folder`, submitted
     at or after `submitted_since` (squeue's ISO time, e.g. 2026-11-26T22:41:45)."""
-    proc = _run(["squeue", "-h", "-u", _current_user(), "-o", "%i|%V|%Z"], check=False)
+    root = Path(folder).resolve()
+    return [job_id for job_id, submitted, workdir in _own_jobs("%i|%V|%Z")
+            if job_id and workdir and submitted >= submitted_since and Path(workdir) == root]
+
+
+def _own_jobs(fields: str, *options: str) -> list[list[str]]:
+    """The current user's jobs as squeue lists them, one row of `fields` ("%i|%Z": '|'-separated, the
+    last may hold a '|') per job."""
+    proc = _run(["squeue", "-h", "-u", _current_user(), *options, "-o", fields], check=False)
     if proc.returncode != 0:
         raise SlurmError(f"squeue failed (exit {proc.returncode}): {proc.stderr.strip()}", stderr=proc.stderr)
-    root = Path(folder).resolve()
-    found = []
-    for line in proc.stdout.splitlines():
-        job_id, _, rest = line.strip().partition("|")
-        submitted, _, workdir = rest.partition("|")
-        if job_id and workdir and submitted >= submitted_since and Path(workdir) == root:
-            found.append(job_id)
-    return found
+    n = fields.count("|") + 1
+    return [(row + [""] * n)[:n] for row in (line.strip().split("|", n - 1) for line in proc.stdout.splitlines())
+            if row and row[0]]
 
 
 def exclude_from_pending(folder: str | os.PathLike, nodes: Iterable[str]) -> list[str]:
@@ -351,15 +354,10 @@ def exclude_from_pending(folder: str | os.PathLike, nodes: Iterable[str]) -> lis
     inside `folder` (a reproduction's seeds, queued before a node was found bad): their own
     exclusions are kept. The ids of the jobs updated; a job that started meanwhile is left as it is."""
     nodes = [n for n in nodes if n]
-    proc = _run(["squeue", "-h", "-u", _current_user(), "-t", "PENDING", "-o", "%i|%x|%Z"], check=False)
-    if proc.returncode != 0:
-        raise SlurmError(f"squeue failed (exit {proc.returncode}): {proc.stderr.strip()}", stderr=proc.stderr)
     root = Path(folder).resolve()
     updated = []
-    for line in proc.stdout.splitlines():
-        job_id, _, rest = line.strip().partition("|")
-        excluded, _, workdir = rest.partition("|")
-        if not job_id or not workdir or not Path(workdir).is_relative_to(root):
+    for job_id, excluded, workdir in _own_jobs("%i|%x|%Z", "-t", "PENDING"):
+        if not workdir or not Path(workdir).is_relative_to(root):
             continue
         have = expand_hostlist(excluded) if excluded.strip() not in ("", "(null)") else []
         if all(n in have for n in nodes):
