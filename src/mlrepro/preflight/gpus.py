@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+from typing import Any, Iterator
 
 # The same fields through nvidia-smi, for nodes where NVML cannot be loaded from Python and for
 # recording fixtures: `nvidia-smi --query-gpu=<QUERY> --format=csv,noheader,nounits`.
@@ -71,12 +73,10 @@ def _nvml_one(pynvml, i: int, nvml_index: int) -> dict:
     }
 
 
-def collect() -> tuple[str | None, list[dict]]:
-    """(None, GPUs) through NVML; (reason, []) where there is no NVIDIA driver (a CPU machine). The GPUs
-    are those CUDA_VISIBLE_DEVICES gives this process (all of the node when unset), indexed as torch
-    numbers them, each with its NVML index."""
-    import os
-
+@contextlib.contextmanager
+def _visible_gpus(cuda_visible_devices: str | None) -> Iterator[tuple[Any, list[int] | str]]:
+    """NVML, initialised for the block, with the NVML indices of the GPUs `cuda_visible_devices` names
+    (all of the node when unset) in the order torch numbers them; (None, reason) without a driver."""
     from mlrepro.preflight import visible
 
     try:
@@ -84,43 +84,47 @@ def collect() -> tuple[str | None, list[dict]]:
 
         pynvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound and friends: no driver here
-        return f"no NVIDIA driver: {exc}", []
+        yield None, f"no NVIDIA driver: {exc}"
+        return
     try:
         def uuid(i: int) -> str:
             u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
             return u.decode() if isinstance(u, bytes) else u
 
-        chosen = visible.nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), pynvml.nvmlDeviceGetCount(), uuid)
-        return None, [_nvml_one(pynvml, i, n) for i, n in enumerate(chosen)]
+        yield pynvml, visible.nvml_indices(cuda_visible_devices, pynvml.nvmlDeviceGetCount(), uuid)
     finally:
         pynvml.nvmlShutdown()
+
+
+def collect() -> tuple[str | None, list[dict]]:
+    """(None, GPUs) through NVML; (reason, []) where there is no NVIDIA driver (a CPU machine). The GPUs
+    are those CUDA_VISIBLE_DEVICES gives this process (all of the node when unset), indexed as torch
+    numbers them, each with its NVML index."""
+    import os
+
+    with _visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")) as (pynvml, chosen):
+        if pynvml is None:
+            return chosen, []
+        return None, [_nvml_one(pynvml, i, n) for i, n in enumerate(chosen)]
 
 
 def energy_j(cuda_visible_devices: str | None, count: int) -> float | None:
     """The energy NVML's counters say the first `count` GPUs of `cuda_visible_devices` (all the node's
     when unset) used since the driver loaded, in joules; None without a driver, or where a GPU keeps no
     counter (before Volta). A seed's energy is the difference of two readings around its attempt."""
-    from mlrepro.preflight import visible
-
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound and friends: no driver here
+        from pynvml import NVMLError
+    except ImportError:
         return None
     try:
-        def uuid(i: int) -> str:
-            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-            return u.decode() if isinstance(u, bytes) else u
-
-        chosen = visible.nvml_indices(cuda_visible_devices, pynvml.nvmlDeviceGetCount(), uuid)[:count]
-        millijoules = [pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(n))
-                       for n in chosen]
-        return sum(millijoules) / 1000 if millijoules else None
-    except pynvml.NVMLError:
+        with _visible_gpus(cuda_visible_devices) as (pynvml, chosen):
+            if pynvml is None:
+                return None
+            millijoules = [pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(n))
+                           for n in chosen[:count]]
+    except NVMLError:  # a GPU without the counter, or one NVML cannot reach: no reading
         return None
-    finally:
-        pynvml.nvmlShutdown()
+    return sum(millijoules) / 1000 if millijoules else None
 
 
 def energy_between(before: float | None, after: float | None) -> float | None:
