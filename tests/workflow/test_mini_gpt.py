@@ -32,10 +32,17 @@ def evals(mllog_path: Path) -> list[tuple[int, float]]:
     return [(e.metadata["samples_count"], e.value) for e in parsed.all("eval_accuracy")]
 
 
+def seed_1_alone(ws: Path) -> dict:
+    """mini_gpt's benchmark file as the workspace has it, with seed 1 alone."""
+    spec = yaml.safe_load((ws / "config/benchmarks/mini_gpt.yaml").read_text())
+    spec.update(seeds=[1], required_runs=1)
+    return spec
+
+
 def variant(ws: Path, name: str, job_seconds: float, margin: float, system_line: str | None = None) -> None:
     """config/benchmarks/<name>.yaml: mini_gpt's seed 1 alone, under a job limit."""
-    spec = yaml.safe_load((ws / "config/benchmarks/mini_gpt.yaml").read_text())
-    spec.update(name=name, seeds=[1], required_runs=1)
+    spec = seed_1_alone(ws)
+    spec.update(name=name)
     spec["segments"].update(job_seconds=job_seconds, margin_seconds=margin)
     (ws / f"config/benchmarks/{name}.yaml").write_text(yaml.safe_dump(spec))
     if system_line:
@@ -56,9 +63,7 @@ def corpus_workspace(tmp: Path, target: str, one_seed: bool = False) -> tuple[Pa
     mini_gpt's seed 1 alone (its three seeds from nothing are the README test's real run)."""
     ws = make_workspace(tmp / "ws")
     if one_seed:
-        spec = yaml.safe_load((ws / "config/benchmarks/mini_gpt.yaml").read_text())
-        spec.update(seeds=[1], required_runs=1)
-        (ws / "config/benchmarks/mini_gpt.yaml").write_text(yaml.safe_dump(spec))
+        (ws / "config/benchmarks/mini_gpt.yaml").write_text(yaml.safe_dump(seed_1_alone(ws)))
     server = minicorpus.serve(minicorpus.make_mini_corpus(tmp / "srv"))
     try:
         config = ws / "config/corpora/mini_corpus.yaml"
