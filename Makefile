@@ -48,7 +48,7 @@ mini: install
 	$(VPY) -m snakemake --profile profiles/local
 
 test: install system-deps cluster
-	$(VPY) -m pytest tests
+	$(VPY) -m pytest tests --durations=40
 
 lint: install
 	$(VPY) -m ruff check src tests benchmarks

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
+import subprocess
+import sys
 
 import pytest
 
@@ -40,16 +41,15 @@ def test_clear_all_and_a_damaged_record_is_named(tmp_path):
         node_health.record(tmp_path / "n.json", "", "x")
 
 
-def _record(args):
-    path, node, i = args
-    return node_health.record(path, node, f"writer {i}", seed=i)
-
-
 def test_parallel_seeds_failing_on_one_node_record_it_once(tmp_path):
+    # Separate interpreters, as parallel seeds are: a fork of this threaded test process could inherit a held lock.
     path = tmp_path / "bad_nodes.json"
-    with multiprocessing.get_context("fork").Pool(4) as pool:
-        results = pool.map(_record, [(path, "node1" if i % 2 else "node2", i) for i in range(16)])
-    assert sum(results) == 2 and node_health.excluded(path) == ["node1", "node2"]
+    code = ("import sys; from mlrepro.slurm import node_health; "
+            "sys.exit(0 if node_health.record(sys.argv[1], sys.argv[2], 'writer', seed=int(sys.argv[3])) else 3)")
+    writers = [subprocess.Popen([sys.executable, "-c", code, str(path), "node1" if i % 2 else "node2", str(i)])
+               for i in range(16)]
+    codes = [w.wait(timeout=120) for w in writers]
+    assert sorted(codes) == [0, 0] + [3] * 14 and node_health.excluded(path) == ["node1", "node2"]
 
 
 @pytest.mark.parametrize("state,log,expected", [
