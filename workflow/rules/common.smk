@@ -1,4 +1,8 @@
+import json
+import os
 import re
+import shlex
+import sys
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
@@ -8,6 +12,7 @@ from mlrepro.util.fsutil import private_umask
 from mlrepro.launch import guard as run_guard
 from mlrepro.baseline import megatron as baseline_megatron
 from mlrepro.preflight import run as preflight_run
+from mlrepro import stages
 
 
 # Read strictly first: Snakemake's own loader names no file on a YAML error and keeps the
@@ -47,6 +52,20 @@ try:
 except mlrepro_config.ConfigError as error:
     raise config_error(error) from None
 SYSTEM = SETTINGS.system
+
+# The per-seed rules run the stage dispatcher from `shell:`, not `script:`: a dry run reads a script
+# rule's source once per job, a third of the DAG's time with hundreds of seeds. Their stage reads
+# this process's configuration from the environment it hands its local jobs.
+try:
+    os.environ[stages.CONFIG_ENV] = json.dumps(config)
+except (TypeError, ValueError) as error:
+    raise config_error(f"the configuration holds a value that is not plain data: {error}") from None
+
+
+def seed_stage(rule):
+    """The shell command of a per-seed rule: `python -m mlrepro.stages` with what a script rule is given."""
+    return (f"{shlex.quote(sys.executable)} -m mlrepro.stages {rule} --wildcard benchmark={{wildcards.benchmark}} "
+            "--wildcard seed={wildcards.seed} --input {input:q} --output {output:q} --log {log:q} --threads {threads}")
 
 
 # Every config/benchmarks/<name>.yaml can be asked for by file target; `benchmarks:` in
@@ -209,6 +228,19 @@ def seed_data(wc):
         return files
 
     return dict(per_benchmark("seed_data", wc, work))
+
+
+def seed_image(wc):
+    """Input helper of a seed's job: the image (container_ready) and the fetched implementation, both
+    ancient(), from one function. Apart from seed_data: until the container checkpoint has run this
+    raises, and the data stages must still be planned."""
+    return {"container": container_ready(wc), "implementation": [ancient(f) for f in implementation_ready(wc)]}
+
+
+def seed_line(wc):
+    """The dry run's lines for a seed: its plan, ending with the exact sbatch command, then the
+    image on a line of its own."""
+    return f"{seed_plan(wc, 'describe')}\n    {wc.benchmark} seed {wc.seed} {image_line(wc)}"
 
 
 def implementation_files(wc):
