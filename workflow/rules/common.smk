@@ -1,8 +1,4 @@
-import json
-import os
 import re
-import shlex
-import sys
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
@@ -12,7 +8,6 @@ from mlrepro.util.fsutil import private_umask
 from mlrepro.launch import guard as run_guard
 from mlrepro.baseline import megatron as baseline_megatron
 from mlrepro.preflight import run as preflight_run
-from mlrepro import stages
 
 
 # Read strictly first: Snakemake's own loader names no file on a YAML error and keeps the
@@ -52,20 +47,6 @@ try:
 except mlrepro_config.ConfigError as error:
     raise config_error(error) from None
 SYSTEM = SETTINGS.system
-
-# The per-seed rules run the stage dispatcher from `shell:`, not `script:`: a dry run reads a script
-# rule's source once per job, a third of the DAG's time with hundreds of seeds. Their stage reads
-# this process's configuration from the environment it hands its local jobs.
-try:
-    os.environ[stages.CONFIG_ENV] = json.dumps(config)
-except (TypeError, ValueError) as error:
-    raise config_error(f"the configuration holds a value that is not plain data: {error}") from None
-
-
-def seed_stage(rule):
-    """The shell command of a per-seed rule: `python -m mlrepro.stages` with what a script rule is given."""
-    return (f"{shlex.quote(sys.executable)} -m mlrepro.stages {rule} --wildcard benchmark={{wildcards.benchmark}} "
-            "--wildcard seed={wildcards.seed} --input {input:q} --output {output:q} --log {log:q} --threads {threads}")
 
 
 # Every config/benchmarks/<name>.yaml can be asked for by file target; `benchmarks:` in

@@ -6,8 +6,8 @@ rule score_seed:
     log:
         "logs/{benchmark}/score_seed_{seed}.log",
     localrule: True
-    shell:
-        seed_stage("score_seed")
+    script:
+        "../scripts/stage.py"
 
 
 # The score, its verdict against the reference and its report are one job, so that the card's

@@ -17,5 +17,5 @@ rule train_seed:
     resources:
         mem_mb=lambda wc: seed_plan(wc, "local_mem_mb"),
     localrule: True
-    shell:
-        seed_stage("train_seed")
+    script:
+        "../scripts/stage.py"

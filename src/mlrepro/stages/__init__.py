@@ -1,8 +1,7 @@
 """The workflow's rules as plain functions: rule r of workflow/rules/X.smk is mlrepro.stages.X.r.
 
-workflow/scripts/stage.py (the `script:` rules) and `python -m mlrepro.stages` (the per-seed `shell:`
-rules, see __main__.py) hand a rule's job to `run_from_snakemake`, the one dispatcher: it finds the
-rule's function, asks it what it takes of Snakemake's job (mlrepro.stages.process.rule)
+workflow/scripts/stage.py hands every rule's job to `run_from_snakemake`, the one dispatcher: it
+finds the rule's function, asks it what it takes of Snakemake's job (mlrepro.stages.process.rule)
 and runs it inside stage_process. The functions take paths and names only, so they are tested
 without Snakemake. Libraries never import this package.
 """
@@ -14,9 +13,6 @@ import logging
 import sys
 from pathlib import Path
 from types import ModuleType
-
-# The workflow's configuration, as JSON, for the stages that `shell:` rules start (see __main__.py).
-CONFIG_ENV = "MLREPRO_WORKFLOW_CONFIG"
 
 # One module per rule file (workflow/rules/<name>.smk); common.smk holds no rule.
 RULE_FILES = ("container", "data", "model", "train", "score", "report", "corpus", "preflight", "baseline")
