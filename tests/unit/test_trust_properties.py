@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import yaml
 import zstandard
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import logs_factory as lf
@@ -67,6 +67,7 @@ def with_time(line: str, t) -> str:
 
 @budget(150)
 @given(st.lists(st.tuples(st.integers(0, len(BASE_LINES) - 1), times), min_size=1, max_size=4))
+@example(edits=[(0, float("-inf")), (0, 0)])  # a line edited twice, the first time to -Infinity
 def test_mllog_no_counted_run_has_a_time_that_is_no_time(tmp_path_factory, edits):
     lines = list(BASE_LINES)
     for i, t in edits:
