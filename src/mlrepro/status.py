@@ -295,15 +295,25 @@ def configured_seeds(benchmark_dir: Path) -> list[int] | None:
         return None  # the workflow reports it; status still shows the folders
 
 
-def format_table(rows: list[SeedStatus]) -> str:
-    header = ("SEED", "STATE", "JOB", "ELAPSED", "NODES", "REASON")
+def format_table(rows: list[SeedStatus], cost: dict | None = None) -> str:
+    """One line per seed; SPENT is what its attempts cost (reproduction()'s cost: GPU- or CPU-hours, and
+    the energy where every attempt reported it)."""
+    header = ("SEED", "STATE", "JOB", "ELAPSED", "NODES", "SPENT", "REASON")
     lines = [header]
     for r in rows:
         lines.append((str(r.seed), r.state, r.job_id or "-", format_elapsed(r.elapsed_seconds),
-                      ",".join(r.nodes) if r.nodes else "-", r.reason or ""))
+                      ",".join(r.nodes) if r.nodes else "-", _spent(((cost or {}).get("seeds") or {}).get(str(r.seed))),
+                      r.reason or ""))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join(("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1]).rstrip()
                      for line in lines) + "\n"
+
+
+def _spent(seed_cost: dict | None) -> str:
+    if not seed_cost or not seed_cost.get("attempts"):
+        return "-"
+    kwh = seed_cost.get("energy_kwh")
+    return f"{seed_cost['gpu_hours']:.3g}" + (f" ({kwh:.3g} kWh)" if kwh is not None else "")
 
 
 def summary(rows: list[SeedStatus]) -> dict[str, int]:
@@ -351,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print(f"{folder}: no seed folders (seed_<N>) yet")
         return 0
-    print(format_table(rows), end="")
+    print(format_table(rows, extra["cost"]), end="")
     print(f"{len(rows)} seeds: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     for line in reproduction_lines(extra):
         print(line)
@@ -411,7 +421,8 @@ def _benchmark(root: Path, name: str):
 
 def reproduction_lines(extra: dict) -> list[str]:
     c = extra["cost"]
-    lines = [f"spent: {c['gpu_hours']:.3g} {c['unit']} over {c['attempts']} attempts"
+    lines = [f"spent: {c['gpu_hours']:.3g} {c['unit']}" + (f", {c['energy_kwh']:.3g} kWh" if c.get("energy_kwh") is not None else "")
+             + f" over {c['attempts']} attempts"
              + (f" ({c['failed_attempts']} failed: {c['failed_gpu_hours']:.3g} {c['unit']})" if c["failed_attempts"] else "")
              + (" (partly estimated from file times)" if c.get("estimated") else "")]
     rv = extra.get("running_verdict")

@@ -180,7 +180,7 @@ def benchmark_cost(benchmark_folder: Path, gpus_per_node: int, plan: dict | None
 def total(costs: Iterable[dict]) -> dict:
     """The sum of seed (or benchmark) costs."""
     costs = list(costs)
-    energy = [c.get("energy_kwh") for c in costs]
+    energy = [c.get("energy_kwh") for c in costs if c["attempts"]]  # a seed not started has used nothing yet
     return {"gpu_hours": sum(c["gpu_hours"] for c in costs),
             "failed_gpu_hours": sum(c["failed_gpu_hours"] for c in costs),
             "attempts": sum(c["attempts"] for c in costs),

@@ -91,7 +91,7 @@ def test_slurm_errors_do_not_stop_the_report(bench):
 def test_table_lists_every_seed(bench):
     table = status.format_table(status.benchmark_status(bench, job_info=fake_job_info))
     lines = table.splitlines()
-    assert lines[0].split() == ["SEED", "STATE", "JOB", "ELAPSED", "NODES", "REASON"]
+    assert lines[0].split() == ["SEED", "STATE", "JOB", "ELAPSED", "NODES", "SPENT", "REASON"]
     assert len(lines) == 1 + 10
     seed3 = next(line for line in lines if line.startswith("3 "))
     assert "running" in seed3 and "103" in seed3 and "1:15" in seed3 and "node1,node2" in seed3

@@ -33,6 +33,23 @@ def test_status_adds_up_the_attempts_and_names_the_excluded_nodes(tmp_path, caps
     assert rc == 0 and shown["excluded_nodes"]["clus"]["gpu07"]["seed"] == 1
 
 
+def test_status_shows_each_seeds_cost_and_the_energy_where_the_gpus_reported_it(tmp_path, capsys):
+    bench = tmp_path / "results" / "b"
+    for seed, energy in ((1, 8198.0), (2, 10526.0)):  # joules, as NVML's counters gave two seeds on 2 GPUs
+        (bench / f"seed_{seed}" / "attempt_1").mkdir(parents=True)
+        launch.record_attempt(bench / f"seed_{seed}" / "attempt_1", 1, "local", nodes=1, gpus_per_node=2,
+                              start=None, elapsed_s=1800, state="COMPLETED", energy_j=energy, device="cuda")
+    (bench / "seed_3").mkdir()  # not started: nothing spent, no energy yet
+    rc = status.run(argparse.Namespace(benchmark_dir=bench, seeds=None, json=False, no_slurm=True,
+                                       status_command="sacct"))
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:4]}
+    assert rc == 0 and out.splitlines()[0].split()[:6] == ["SEED", "STATE", "JOB", "ELAPSED", "NODES", "SPENT"]
+    assert "1 (0.00228 kWh)" in rows["1"] and "1 (0.00292 kWh)" in rows["2"]
+    assert rows["3"].split()[5] == "-"
+    assert "spent: 2 GPU-hours, 0.0052 kWh over 2 attempts" in out
+
+
 def test_nodes_command_lists_and_clears(tmp_path, capsys):
     path = node_health.bad_nodes_file(tmp_path, "clus")
     node_health.record(path, "gpu07", "x")
