@@ -32,14 +32,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mlrepro.scoring.verdict import ALPHA
+from mlrepro.scoring.verdict import ALPHA, TOLERANCE_PCT
 
 METHOD = ("the seeds still to run are simulated {simulations} times from what has been seen (failure rate: "
           "Beta(0.5 + failed, 0.5 + converged); level of log samples-to-converge and log time-per-sample: your "
           "seeds' mean with Student-t uncertainty; run-to-run residuals resampled from your seeds and the "
           "reference's runs), and each completed set of {required} seeds is judged by the final verdict's rule: "
           "valid (at most {max_failed} failed) and no difference in the three two-sided Mann-Whitney U tests "
-          "(time to train, time per sample, samples to converge; alpha " + f"{ALPHA})")
+          "(time to train, time per sample, samples to converge; alpha " + f"{ALPHA}) beyond the "
+          f"{TOLERANCE_PCT:g}% tolerance")
 SIMULATIONS = 4000
 # A quick look first: a stop needs P(not reproduced) >= confidence, which a few hundred
 # simulations already rule out for most checkpoints (measured by benchmarks/false_stop.py).
@@ -168,11 +169,20 @@ def _different(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.nan_to_num(p, nan=1.0) < ALPHA
 
 
+def _olympic(values: np.ndarray) -> np.ndarray:
+    """verdict.olympic of each row (the plain mean below three values)."""
+    v = np.sort(values, axis=-1)
+    return (v[..., 1:-1] if v.shape[-1] >= 3 else v).mean(axis=-1)
+
+
 def _tests(yours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
-    """For each row of `yours` (simulations x runs x columns, plain values): does any test find a difference?"""
+    """For each row of `yours` (simulations x runs x columns, plain values): does any test find a difference,
+    beyond the runs' spread and beyond the verdict's tolerance?"""
     out = np.zeros(yours.shape[0], bool)
     for col in range(yours.shape[-1]):
-        out |= _different(yours[..., col], theirs[:, col])
+        ref = float(_olympic(theirs[:, col]))
+        beyond = np.abs(_olympic(yours[..., col]) / ref - 1) * 100 > TOLERANCE_PCT if ref else True
+        out |= _different(yours[..., col], theirs[:, col]) & beyond
     return out
 
 

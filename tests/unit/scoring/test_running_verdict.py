@@ -130,3 +130,20 @@ def test_runs_that_all_converge_at_the_same_sample_count_tie_with_the_simulated_
     pool = [rv.Run(True, 21.36 + 0.003 * i, 3072) for i in range(10)]
     assert rv.probability_reproduced(pool[2:8:2], pool, 10, 1, simulations=500) > 0.3  # was 0.0
     assert rv.simulate_policy(pool, 10, 1, rv.EarlyStop(), reproductions=5, simulations=500)["stops"] == 0
+
+
+@pytest.mark.parametrize("factor,p", [(1.03, 1.0), (0.97, 1.0), (1.08, 0.0)])
+def test_steady_seeds_within_the_tolerance_are_reproduced_by_the_simulation_too(factor, p):
+    """Steady runs (per-sample spread 1.8%) all 3% slower: every test tells them apart, and the verdict's
+    5% tolerance still calls it reproduced; the simulation applies the same rule, so it does not stop a
+    healthy machine that drifted a little. 8% is beyond the tolerance, and three seeds settle it."""
+    ref = [rv.Run(True, 10 * (1 + 0.002 * i) * (3000 + 100 * i) / 3000, 3000 + 100 * i) for i in range(10)]
+    yours = [rv.Run(True, r.minutes * factor, r.samples) for r in ref]
+    final = verdict.compare(_score(yours), {"score": _score(ref), "match": {"because": "-"}})
+    assert final["tests"]["time_per_sample"]["beyond_spread"]
+    assert final["verdict"] == ("reproduced" if p else "not reproduced")
+    assert rv.probability_reproduced(yours, ref, 10, 1) == p
+    seen = [yours[1], yours[4], yours[8]]  # three seeds in: the level is still uncertain, no stop
+    three = rv.probability_reproduced(seen, ref, 10, 1, simulations=1000)
+    assert (three > 0.5) if p else (three < 0.1)
+    assert rv.should_stop(seen, ref, 10, 1, rv.EarlyStop(0.99, 3))["stop"] == (not p)

@@ -126,6 +126,20 @@ def test_slower_by_less_than_the_spread_is_reproduced(tmp_path):
     assert v["verdict"] == "reproduced" and 0 < v["difference_pct"] < 1
 
 
+@pytest.mark.parametrize("factor,expected", [(1.03, "reproduced"), (0.97, "reproduced"), (1.06, "not reproduced")])
+def test_a_steady_difference_within_the_tolerance_is_a_reproduction(tmp_path, factor, expected):
+    """Every run 3% slower (or faster): the test finds the difference (p < 0.001), and it is within
+    the 5% tolerance: reproduced, saying so. At 6% it is not."""
+    ref = published_reference()
+    logs = [shifted(p, tmp_path / p.name, factor) for p in sorted(NYX.glob("result_*.txt"))]
+    v = verdict.compare(scoring.score_runs(logs, RULES), ref)
+    speed = v["tests"]["time_per_sample"]
+    assert speed["beyond_spread"] and speed["p"] < 0.001
+    assert v["verdict"] == expected and speed["different"] == (expected != "reproduced")
+    if expected == "reproduced":
+        assert f"within the {verdict.TOLERANCE_PCT:g}% tolerance" in v["why"][0] and "time per sample" in v["why"][0]
+
+
 def test_no_reference_compares_seeds_only(tmp_path):
     import logs_factory as lf
 
