@@ -31,10 +31,10 @@ for _folder in (".snakemake", "results", "resources", "logs"):
 
 
 # Every process of the run dies with this snakemake process, however it dies (mlrepro.launch.guard).
-if workflow.is_main_process:
+# A dry run starts none.
+if workflow.is_main_process and not workflow.dryrun:
     run_guard.guard_workflow(Path.cwd())
-    if not workflow.dryrun:
-        run_guard.release_stale_lock(Path.cwd())  # a killed run's: the plain rerun needs no --unlock
+    run_guard.release_stale_lock(Path.cwd())  # a killed run's: the plain rerun needs no --unlock
 
 
 def config_error(error):
@@ -211,11 +211,19 @@ def seed_data(wc):
     return dict(per_benchmark("seed_data", wc, work))
 
 
-def seed_image(wc):
-    """Input helper of a seed's job: the image (container_ready) and the fetched implementation, both
-    ancient(), from one function. Apart from seed_data: until the container checkpoint has run this
-    raises, and the data stages must still be planned."""
-    return {"container": container_ready(wc), "implementation": [ancient(f) for f in implementation_ready(wc)]}
+def seed_implementation(wc):
+    """Input helper of a seed's job: the fetched implementation, ancient() (nothing for a local folder).
+    Apart from seed_data: until the implementation checkpoint has run this raises, and the data
+    stages must still be planned."""
+    return [ancient(f) for f in implementation_ready(wc)]
+
+
+def seed_image(name):
+    """The seed's image: container.json as a plain ancient() pattern, not through the container
+    checkpoint. A seed's input that waits on a checkpoint makes Snakemake build every seed's job
+    twice (once more after the DAG, in the dry run too); the score takes container_ready, so once a
+    rebuilt container has run the score is evaluated again and with it every seed behind it."""
+    return ancient(str(paths.container_json(Path(), name)))
 
 
 def seed_line(wc):

@@ -4,7 +4,8 @@
 rule train_seed:
     input:
         unpack(seed_data),
-        unpack(seed_image),
+        container=seed_image("{benchmark}"),
+        implementation=seed_implementation,
     output:
         seed_file("mllog.txt"),
     log:
