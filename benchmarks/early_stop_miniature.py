@@ -43,9 +43,8 @@ def workspace(dest: Path, reference: Path | None = None) -> Path:
          else shutil.copy2(src, dest / name))
     if reference is not None:  # this machine's seeds, as the shipped reference's folder holds them
         here = dest / "implementations" / "mini_lora" / "reference_here"
-        shutil.copytree(dest / "implementations" / "mini_lora" / "reference", here)
-        for old in here.glob("result_*.txt"):
-            old.unlink()
+        shutil.copytree(dest / "implementations" / "mini_lora" / "reference", here,
+                        ignore=shutil.ignore_patterns("result_*.txt"))
         for i, log in enumerate(sorted(reference.glob("seed_*/mllog.txt"))):
             shutil.copy2(log, here / f"result_{i}.txt")
         bench = dest / "config" / "benchmarks" / "mini_lora.yaml"

@@ -45,18 +45,8 @@ score = json.loads((bench / "score.json").read_text()) if (bench / "score.json")
 print("score.json cost:", json.dumps(score.get("cost"), indent=1)[:3000])
 EOF
 (cd "$W" && python3 -m mlrepro status results/mini_lora) >> "$SUMMARY" 2>&1
-python3 - /tmp/smi.csv >> "$SUMMARY" 2>&1 <<'EOF'
-import csv, sys
-from datetime import datetime
-rows = [r for r in csv.reader(open(sys.argv[1])) if r and r[0][:1].isdigit()]
-by_gpu = {}
-for r in rows:
-    t = datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
-    by_gpu.setdefault(r[1].strip(), []).append((t, float(r[2].split()[0])))
-for gpu, samples in by_gpu.items():  # trapezoid over the whole sampling: joules the GPU drew meanwhile
-    j = sum((t2 - t1) * (p1 + p2) / 2 for (t1, p1), (t2, p2) in zip(samples, samples[1:]))
-    print(f"nvidia-smi power.draw, GPU {gpu}: {len(samples)} samples over {samples[-1][0] - samples[0][0]:.0f} s, {j:.0f} J")
-EOF
+# NVML's counters per attempt against nvidia-smi's power over the attempt's own start..end.
+python3 benchmarks/energy_crosscheck.py /tmp/smi.csv "$W"/results/mini_lora/seed_*/attempt_*/attempt.json >> "$SUMMARY" 2>&1
 nvidia-smi --query-gpu=index,energy.consumption --format=csv >> "$SUMMARY" 2>&1 || true
 cp /tmp/snakemake.txt /tmp/smi.csv "$W"/ 2>/dev/null
 (cd "$W" && tar czf "$OUT/energy.tgz" snakemake.txt smi.csv results/mini_lora/score.json results/mini_lora/verdict.json \

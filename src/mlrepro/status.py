@@ -295,14 +295,14 @@ def configured_seeds(benchmark_dir: Path) -> list[int] | None:
         return None  # the workflow reports it; status still shows the folders
 
 
-def format_table(rows: list[SeedStatus], cost: dict | None = None) -> str:
-    """One line per seed; SPENT is what its attempts cost (reproduction()'s cost: GPU- or CPU-hours, and
-    the energy where every attempt reported it)."""
+def format_table(rows: list[SeedStatus], seed_costs: dict | None = None) -> str:
+    """One line per seed; SPENT is what its attempts cost (reproduction()'s cost["seeds"], by seed: GPU-
+    or CPU-hours, and the energy where every attempt reported it)."""
     header = ("SEED", "STATE", "JOB", "ELAPSED", "NODES", "SPENT", "REASON")
     lines = [header]
     for r in rows:
         lines.append((str(r.seed), r.state, r.job_id or "-", format_elapsed(r.elapsed_seconds),
-                      ",".join(r.nodes) if r.nodes else "-", _spent(((cost or {}).get("seeds") or {}).get(str(r.seed))),
+                      ",".join(r.nodes) if r.nodes else "-", _spent((seed_costs or {}).get(str(r.seed))),
                       r.reason or ""))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join(("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1]).rstrip()
@@ -361,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print(f"{folder}: no seed folders (seed_<N>) yet")
         return 0
-    print(format_table(rows, extra["cost"]), end="")
+    print(format_table(rows, extra["cost"]["seeds"]), end="")
     print(f"{len(rows)} seeds: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     for line in reproduction_lines(extra):
         print(line)

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mlrepro.scoring.verdict import ALPHA, TOLERANCE_PCT
+from mlrepro.scoring.verdict import ALPHA, TOLERANCE_PCT, olympic
 
 METHOD = ("the seeds still to run are simulated {simulations} times from what has been seen (failure rate: "
           "Beta(0.5 + failed, 0.5 + converged); level of log samples-to-converge and log time-per-sample: your "
@@ -170,7 +170,7 @@ def _different(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _olympic(values: np.ndarray) -> np.ndarray:
-    """verdict.olympic of each row (the plain mean below three values)."""
+    """verdict.olympic of each row (the plain mean below three values), for the simulated sets."""
     v = np.sort(values, axis=-1)
     return (v[..., 1:-1] if v.shape[-1] >= 3 else v).mean(axis=-1)
 
@@ -180,7 +180,7 @@ def _tests(yours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     beyond the runs' spread and beyond the verdict's tolerance?"""
     out = np.zeros(yours.shape[0], bool)
     for col in range(yours.shape[-1]):
-        ref = float(_olympic(theirs[:, col]))
+        ref = olympic(theirs[:, col])
         beyond = np.abs(_olympic(yours[..., col]) / ref - 1) * 100 > TOLERANCE_PCT if ref else True
         out |= _different(yours[..., col], theirs[:, col]) & beyond
     return out
