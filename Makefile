@@ -5,6 +5,9 @@
 # a distribution's python3 refuses `pip install` into itself (PEP 668), and a pyenv or conda
 # Python works the same way. Nothing is installed with --break-system-packages.
 PY ?= python3
+# Two pytest workers: most tests wait on a subprocess (snakemake, Slurm, a trainer) for much of their
+# time; the ones that share the local Slurm cluster run on one worker (tests/conftest.py).
+TEST_WORKERS ?= 2
 VENV := .venv
 VPY := $(VENV)/bin/python
 # Reinstalled when pyproject.toml changes (the stamp lives in the venv: a new venv reinstalls).
@@ -48,7 +51,7 @@ mini: install
 	$(VPY) -m snakemake --profile profiles/local
 
 test: install system-deps cluster
-	$(VPY) -m pytest tests --durations=40
+	$(VPY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 lint: install
 	$(VPY) -m ruff check src tests benchmarks

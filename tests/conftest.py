@@ -1,7 +1,10 @@
-"""Shared fixtures: the local Slurm cluster, brought up once per test session."""
+"""Shared fixtures: the local Slurm cluster, brought up once per test session; and how the suite is
+shared between pytest-xdist's workers (`make test` runs two)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -9,6 +12,36 @@ import sys
 from pathlib import Path
 
 import pytest
+
+
+# The machine has one local Slurm cluster of two nodes: the tests that use it run on one worker, one
+# at a time, so that none waits for nodes another test's jobs hold past the timeouts it was written
+# with. The rest go by module, so that a module's fixtures are made once.
+SLURM_GROUP = "local-slurm-cluster"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = SLURM_GROUP if "slurm_cluster" in item.fixturenames else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Hold an exclusive lock on `path` (made if missing): one worker at a time."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def shared_tmp(tmp_path_factory, worker_id: str) -> Path:
+    """A folder that every worker of this run sees (the workers' own temporary folders sit in it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
 
 
 @pytest.fixture(scope="session")
@@ -38,13 +71,21 @@ def slurm_cluster():
 
 
 @pytest.fixture(scope="session")
-def mini_lora_data(tmp_path_factory) -> Path:
-    """A workspace whose mini_lora data stages ran once for the whole session: the workflow tests that
-    start from prepared data copy it (workspace.make_workspace(data_from=...)) instead of pretraining
-    the base checkpoint again. The tests of the data stages themselves make their own."""
+def mini_lora_data(tmp_path_factory, worker_id) -> Path:
+    """A workspace whose mini_lora data stages ran once for the whole run, by the first worker that
+    asks (the others wait for it): the workflow tests that start from prepared data copy it
+    (workspace.make_workspace(data_from=...)) instead of pretraining the base checkpoint again. The
+    tests of the data stages themselves make their own."""
     from workspace import prepare_mini_lora_data
 
-    return prepare_mini_lora_data(tmp_path_factory.mktemp("mini_lora_data") / "ws")
+    root = shared_tmp(tmp_path_factory, worker_id)
+    ws, done = root / "mini_lora_data" / "ws", root / "mini_lora_data.done"
+    with locked(root / "mini_lora_data.lock"):
+        if not done.exists():
+            shutil.rmtree(ws.parent, ignore_errors=True)  # a worker that failed half-way
+            prepare_mini_lora_data(ws)
+            done.touch()
+    return ws
 
 
 @pytest.fixture
