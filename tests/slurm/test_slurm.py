@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import subprocess
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -320,3 +322,46 @@ def test_job_over_its_time_limit_gives_timeout(slurm_cluster, tmp_path):
     info = slurm.wait(job_id, poll_seconds=1, timeout_seconds=200)
     assert info.state == "TIMEOUT"
     assert 60 <= info.elapsed_seconds <= 150
+
+
+def _reattached_seed(tmp_path: Path, job_id: str):
+    """A seed whose job.json names Slurm job `job_id`, submitted by an earlier invocation that died
+    before it read the job's end (job.json not `collected`)."""
+    from mlrepro import config as mlrepro_config
+    from mlrepro.launch import job as launch_job
+
+    seed_dir = tmp_path / "results" / "b" / "seed_1"
+    logdir = seed_dir / "attempt_1"
+    logdir.mkdir(parents=True)
+    (seed_dir / "job.json").write_text(json.dumps({"scheduler": "slurm", "job_id": job_id, "attempt": 1,
+                                                   "logdir": str(logdir), "submitted": None}))
+    plan = launch_job.SeedPlan(benchmark="b", seed=1, scheduler="slurm", implementation_dir=tmp_path,
+                               config_file=tmp_path / "config_X.sh", dgxsystem="X", nodes=1, gpus_per_node=1,
+                               walltime_minutes=5, seed_dir=seed_dir, env={}, job_name="mlrepro-test-reattach")
+    system = mlrepro_config.System(name="s", scheduler="slurm", nodes=2, gpus_per_node=4, slurm_poll_seconds=0.3)
+    return plan, system
+
+
+@pytest.mark.slurm
+def test_a_seed_scancelled_while_an_earlier_invocation_ran_is_retried_by_the_rerun(slurm_cluster, tmp_path):
+    """A scancel is someone's decision for the invocation it was made in: that one does not retry the
+    seed, and running the workflow again runs it again. Seen in the soak: a seed cancelled just before
+    the workflow was killed, re-attached by the rerun, was failed instead of retried."""
+    from mlrepro.launch import job as launch_job
+    from mlrepro.launch import slurm as launch_slurm
+
+    script = write_script(tmp_path / "sleep.sub", "sleep 300\n")
+    before = slurm.submit(script, output=tmp_path / "before.out", env={}, job_name="mlrepro-test-reattach")
+    slurm.cancel(before)
+    assert slurm.wait(before, poll_seconds=0.3, timeout_seconds=60).state == "CANCELLED"
+    plan, system = _reattached_seed(tmp_path / "earlier", before)
+    with pytest.raises(launch_job.SeedFailed, match="CANCELLED") as failed:
+        launch_slurm.run_seed_slurm(plan, system, plan.seed_dir / "run.log")
+    assert failed.value.retry, "a job cancelled before this invocation must not stop its retry"
+
+    during = slurm.submit(script, output=tmp_path / "during.out", env={}, job_name="mlrepro-test-reattach")
+    plan, system = _reattached_seed(tmp_path / "now", during)
+    threading.Timer(2.0, slurm.cancel, args=(during,)).start()
+    with pytest.raises(launch_job.SeedFailed, match="CANCELLED") as failed:
+        launch_slurm.run_seed_slurm(plan, system, plan.seed_dir / "run.log")
+    assert not failed.value.retry, "a job cancelled while this invocation waits on it stays failed"

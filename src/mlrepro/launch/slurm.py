@@ -84,8 +84,10 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
     return job
 
 
-def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
-    """The seed's Slurm job to wait for: a live or finished-unread one from before, else a new one."""
+def _attach_or_submit(plan: SeedPlan, system: System) -> tuple[dict, bool]:
+    """The seed's Slurm job to wait for: a live or finished-unread one from before, else a new one;
+    and whether it had ended before this invocation looked (then a scancel of it was made while an
+    earlier invocation ran, and running the workflow again is what runs the seed again)."""
     from mlrepro.slurm import client as slurm
 
     job = paths.read_job(plan.seed_dir)
@@ -94,7 +96,7 @@ def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
         # UNKNOWN: Slurm has forgotten the job (purged from accounting); it cannot be waited for.
         if info.state != "UNKNOWN" and (not slurm.is_terminal(info.state) or not job.get("collected")):
             log.info("seed %d: re-attaching to Slurm job %s (%s)", plan.seed, job["job_id"], info.state)
-            return job
+            return job, slurm.is_terminal(info.state)
     # A job submitted just before the workflow died may not have reached job.json.
     for live in slurm.find_jobs(plan.job_name, status_command=system.slurm_status_command):
         if not live.terminal and (job is None or live.job_id != job.get("job_id")):
@@ -103,8 +105,8 @@ def _attach_or_submit(plan: SeedPlan, system: System) -> dict:
             logdir = plan.seed_dir / f"attempt_{attempt}"
             job = {"scheduler": "slurm", "job_id": live.job_id, "attempt": attempt, "logdir": str(logdir), "submitted": None}
             atomic_write_json(plan.seed_dir / "job.json", job)
-            return job
-    return _submit(plan, system, attempt=(job or {}).get("attempt", 0) + 1)
+            return job, False
+    return _submit(plan, system, attempt=(job or {}).get("attempt", 0) + 1), False
 
 
 def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
@@ -119,7 +121,7 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
 
     seed_dir = plan.seed_dir
     seed_dir.mkdir(parents=True, exist_ok=True)
-    job = _attach_or_submit(plan, system)
+    job, ended_before = _attach_or_submit(plan, system)
     logdir = Path(job["logdir"])
     logdir.mkdir(parents=True, exist_ok=True)
     record_attempt(logdir, job["attempt"], "slurm", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
@@ -168,7 +170,7 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
         )
         raise SeedFailed(
             f"seed {plan.seed}: Slurm job {job['job_id']} ended {info.state}; see {job['logdir']}",
-            retry=info.state != "CANCELLED",
+            retry=info.state != "CANCELLED" or ended_before,
         )
     if not logs:
         record_failure(seed_dir, f"Slurm job {job['job_id']} wrote no run log in {job['logdir']}", state="NO_LOG", job_id=job["job_id"])
