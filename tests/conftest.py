@@ -3,8 +3,6 @@ shared between pytest-xdist's workers (`make test` runs two)."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
@@ -25,17 +23,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         group = SLURM_GROUP if "slurm_cluster" in item.fixturenames else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
-
-
-@contextlib.contextmanager
-def locked(path: Path):
-    """Hold an exclusive lock on `path` (made if missing): one worker at a time."""
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def shared_tmp(tmp_path_factory, worker_id: str) -> Path:
@@ -76,6 +63,7 @@ def mini_lora_data(tmp_path_factory, worker_id) -> Path:
     asks (the others wait for it): the workflow tests that start from prepared data copy it
     (workspace.make_workspace(data_from=...)) instead of pretraining the base checkpoint again. The
     tests of the data stages themselves make their own."""
+    from mlrepro.util.fsutil import locked
     from workspace import prepare_mini_lora_data
 
     root = shared_tmp(tmp_path_factory, worker_id)

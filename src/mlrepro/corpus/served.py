@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from typing import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from mlrepro.corpus.minicorpus import make_mini_corpus, serve
+from mlrepro.util.fsutil import locked
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,7 @@ def origin(root_folder: Path, name: str) -> Path:
     if name not in MAKERS:
         raise ValueError(f"served: {name!r} is not a corpus mlrepro can write (known: {', '.join(MAKERS)})")
     root_folder.mkdir(parents=True, exist_ok=True)
-    with open(root_folder.parent / f".{root_folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(root_folder.parent / f".{root_folder.name}.lock"):
         done = root_folder / _DONE
         if not done.is_file():
             started = time.monotonic()

@@ -15,16 +15,13 @@ A plain job failure (FAILED, OUT_OF_MEMORY) is not node-side: it stays with the 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import fcntl
 import json
 import re
 from pathlib import Path
-from typing import Iterator
 
 from mlrepro import paths
-from mlrepro.util.fsutil import atomic_write_json
+from mlrepro.util.fsutil import atomic_write_json, locked
 
 FILE_NAME = "bad_nodes.json"
 # Slurm states that name the node, not the job: the node died or never booted.
@@ -55,17 +52,6 @@ def node_side(state: str | None, log_text: str = "") -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def read(path: Path) -> dict[str, dict]:
     """The recorded bad nodes, by name ({} when none); a damaged file is an error naming it."""
     try:
@@ -91,7 +77,7 @@ def record(path: Path, node: str, why: str, *, benchmark: str | None = None, see
     """Record `node` as bad; False when it is recorded already (the first record stays)."""
     if not node or not isinstance(node, str):
         raise ValueError(f"not a node name: {node!r}")
-    with _locked(Path(path)):
+    with locked(Path(path).with_suffix(".lock")):
         nodes = read(path)
         if node in nodes:
             return False
@@ -106,7 +92,7 @@ def clear(path: Path, node: str | None = None) -> list[str]:
     """Forget `node` (after its repair), or every node when None; the names removed."""
     if not Path(path).is_file():
         return []
-    with _locked(Path(path)):
+    with locked(Path(path).with_suffix(".lock")):
         nodes = read(path)
         if node is None:
             gone = sorted(nodes)

@@ -8,6 +8,7 @@ leaves either the old target or none, never a half-written one.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -24,6 +25,20 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def locked(lock_file: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_file` (made, with its folder, if missing): one process at a time
+    in the block, across processes and machines that share the file system's locks."""
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def current_umask() -> int:
