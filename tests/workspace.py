@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -51,6 +55,26 @@ def prepare_mini_lora_data(dest: Path) -> Path:
     run_snakemake(ws, "--profile", "profiles/local", "resources/mini_lora/data/manifest.json",
                   "resources/mini_lora/checkpoint/manifest.json", timeout=900)
     return ws
+
+
+@dataclass(frozen=True)
+class PodmanStore:
+    env: dict[str, str]  # the MLREPRO_PODMAN_* settings that mlrepro's container stage reads
+    cmd: list[str]  # podman on this store
+
+
+@contextlib.contextmanager
+def podman_store(root: Path) -> Iterator[PodmanStore]:
+    """A throw-away podman store (vfs driver) in `root`, reset and removed afterwards. Its runroot is
+    not under root: podman refuses a runroot path over 50 characters, and pytest's are longer."""
+    runroot = tempfile.mkdtemp(prefix="mlrepro-podman-")
+    cmd = ["podman", "--storage-driver", "vfs", "--root", str(root), "--runroot", runroot]
+    try:
+        yield PodmanStore({"MLREPRO_PODMAN_STORAGE_DRIVER": "vfs", "MLREPRO_PODMAN_ROOT": str(root),
+                           "MLREPRO_PODMAN_RUNROOT": runroot}, cmd)
+    finally:
+        subprocess.run([*cmd, "system", "reset", "--force"], capture_output=True)
+        shutil.rmtree(runroot, ignore_errors=True)
 
 
 def snakemake_cmd(*args: str) -> list[str]:

@@ -16,13 +16,12 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from workspace import FIXTURES, make_workspace, run_snakemake
+from workspace import FIXTURES, make_workspace, podman_store, run_snakemake
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -103,11 +102,8 @@ def test_a_local_podman_image_is_used_by_reference(prepared, tmp_path):
     if shutil.which("podman") is None:
         pytest.skip("apt-get install -y podman")
     ws = workspace_with_data_in_place(tmp_path / "ws")
-    runroot = tempfile.mkdtemp(prefix="mlrepro-pb-")  # podman refuses a runroot path over 50 characters
-    store = {"MLREPRO_PODMAN_STORAGE_DRIVER": "vfs", "MLREPRO_PODMAN_ROOT": str(tmp_path / "store"),
-             "MLREPRO_PODMAN_RUNROOT": runroot}
-    podman = ["podman", "--storage-driver", "vfs", "--root", store["MLREPRO_PODMAN_ROOT"], "--runroot", runroot]
-    try:
+    with podman_store(tmp_path / "store") as store:
+        podman = store.cmd
         context = tmp_path / "context"
         shutil.copytree(ws / "implementations" / "mini_lora", context / "ft-llm")
         (context / "Dockerfile").write_text("FROM scratch\nCOPY ft-llm /workspace/ft-llm\n")
@@ -115,7 +111,7 @@ def test_a_local_podman_image_is_used_by_reference(prepared, tmp_path):
                        capture_output=True)
         before = subprocess.run([*podman, "images", "-q", "--no-trunc"], capture_output=True, text=True).stdout.split()
         name = system(ws, "podman", "localhost/team/mini_lora:v1")
-        env = {**prepared, **store, "PATH": f"{STANDIN}{os.pathsep}{os.environ['PATH']}",
+        env = {**prepared, **store.env, "PATH": f"{STANDIN}{os.pathsep}{os.environ['PATH']}",
                "PYXIS_STANDIN_LOG": str(tmp_path / "pyxis.jsonl")}
         run_snakemake(ws, *SLURM_ARGS, "results/mini_lora/seed_1/run.json", "--config", f"system={name}", env=env,
                       timeout=1800)
@@ -131,6 +127,3 @@ def test_a_local_podman_image_is_used_by_reference(prepared, tmp_path):
         assert {u["image"] for u in used(tmp_path / "pyxis.jsonl")} == {"localhost/team/mini_lora:v1"}
         run = json.loads((ws / "results" / "mini_lora" / "seed_1" / "run.json").read_text())
         assert run["status"] == "success" and run["converged"] is True
-    finally:
-        subprocess.run([*podman, "system", "reset", "--force"], capture_output=True)
-        shutil.rmtree(runroot, ignore_errors=True)

@@ -129,6 +129,15 @@ def test_a_seed_longer_than_its_job_limit_runs_as_chained_jobs_to_the_same_loss(
     chained = evals(seed / "mllog.txt")
     assert [n for n, _ in chained] == [n for n, _ in uninterrupted]
     assert [v for _, v in chained] == pytest.approx([v for _, v in uninterrupted], abs=1e-6)
+    # A workflow that dies after the last segment, before the seed's log is written: the rerun keeps
+    # the finished run (its log and segments), trains nothing and adds no job.
+    kept = (seed / "mllog.txt").read_text()
+    (seed / "mllog.txt").unlink()
+    (seed / "run.json").unlink()
+    run_snakemake(ws, *LOCAL, "--", "results/mini_gpt_chain/seed_1/run.json", timeout=600)
+    assert json.loads((seed / "run.json").read_text())["segments"] == chain
+    assert len(list(seed.glob("attempt_*"))) == len(chain)
+    assert (seed / "mllog.txt").read_text() == kept
 
 
 def test_kills_mid_segment_and_between_segments_lose_at_most_one_checkpoint_interval(scored):
@@ -161,8 +170,13 @@ def test_kills_mid_segment_and_between_segments_lose_at_most_one_checkpoint_inte
     print(f"killed at step {at_kill}: " + "; ".join(f"{s['from_step']}->{s['to_step']} {s['status']}" for s in chain))
     assert chain[0]["status"] == "killed"
     assert at_kill - chain[1]["from_step"] <= CKPT_EVERY  # lost at most one checkpoint interval
-    after_restart = chain[len(before)]
-    assert after_restart["from_step"] >= before[-1]["to_step"]  # the workflow's death lost nothing saved
+    if before[-1]["status"] == "success":
+        # The second segment reached the target (this run was faster than seed 1's, whose time set the
+        # limit): the workflow died after the run's end, and the rerun kept it, training nothing again.
+        assert chain == before
+    else:
+        after_restart = chain[len(before)]
+        assert after_restart["from_step"] >= before[-1]["to_step"]  # the workflow's death lost nothing saved
     assert chain[-1]["status"] == "success"
     uninterrupted = evals(ws / "results/mini_gpt/seed_1/mllog.txt")
     assert [v for _, v in evals(seed / "mllog.txt")] == pytest.approx([v for _, v in uninterrupted], abs=1e-6)
@@ -178,7 +192,7 @@ def corpus_only(tmp_path_factory):
 def test_a_chained_seed_on_the_local_slurm_cluster_survives_scancel(corpus_only, scored, slurm_cluster):
     ws = corpus_only
     # Half the seed's training a job, as in the kill test: after the scancel at step 30 or 50 two more
-    # segments are needed.
+    # segments are needed at the speed of seed 1's run.
     variant(ws, "mini_gpt_slurm", job_seconds=job_seconds(scored["ws"], 0.5, margin=4), margin=4, system_line="mini_gpt_slurm: config_CPU_2x1x16xtp1pp1cp1.sh")
     seed = ws / "results/mini_gpt_slurm/seed_1"
     started = time.monotonic()
@@ -211,6 +225,10 @@ def test_a_chained_seed_on_the_local_slurm_cluster_survives_scancel(corpus_only,
           + f"; time to train {run['minutes'] * 60:.1f} s, last job {last_job['job_id']}")
     assert chain[0]["status"] == "killed" and "CANCELLED" in chain[0]["error"]
     assert at_kill - chain[1]["from_step"] <= CKPT_EVERY  # lost at most one checkpoint interval
-    assert run["converged"] and len(chain) >= 3 and chain[-1]["status"] == "success"
+    assert run["converged"] and chain[-1]["status"] == "success"
+    # Between the cancelled job and the last, each job ended at its limit and the next resumed there
+    # (none when this run was much faster than seed 1's, whose time set the limit).
+    assert [s["status"] for s in chain[1:-1]] == ["resume"] * (len(chain) - 2)
+    assert all(a["to_step"] == b["from_step"] for a, b in zip(chain[1:], chain[2:]))
     assert last_job["scheduler"] == "slurm" and last_job["attempt"] == len(chain)
     assert run["evals"][-1][1] <= 3.495

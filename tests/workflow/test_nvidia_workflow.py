@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -264,14 +263,8 @@ def podman_env(tmp_path):
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("podman is not installed, and CI installs it")
         pytest.skip("podman is not installed (apt-get install -y podman squashfs-tools)")
-    # podman refuses a runroot path longer than 50 characters, so that one is not under tmp_path.
-    runroot = tempfile.mkdtemp(prefix="mlrepro-podman-")
-    env = {"MLREPRO_PODMAN_STORAGE_DRIVER": "vfs", "MLREPRO_PODMAN_ROOT": str(tmp_path / "podman-root"),
-           "MLREPRO_PODMAN_RUNROOT": runroot}
-    yield env
-    subprocess.run(["podman", "--storage-driver", "vfs", "--root", env["MLREPRO_PODMAN_ROOT"],
-                    "--runroot", runroot, "system", "reset", "--force"], capture_output=True)
-    shutil.rmtree(runroot, ignore_errors=True)
+    with workspace.podman_store(tmp_path / "podman-root") as podman:
+        yield podman.env
 
 
 @pytest.mark.parametrize("runtime", ["podman", "enroot"])

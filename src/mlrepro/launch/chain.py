@@ -132,6 +132,24 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
                                f"(last at step {after}); last error: {error or 'none'}") from error
 
 
+def ended_by(seed_dir: Path, run_log: Path) -> bool:
+    """Whether run_log, the latest segment's log taken back after the workflow died (mlrepro.launch.adopt),
+    has the run's end: the chain is then over and nothing is trained again. Its segment is recorded
+    if the workflow died before it could be."""
+    text = run_log.read_text(errors="replace") if run_log.exists() else ""
+    if not finished(text):
+        return False
+    state, said = read_state(seed_dir), segment_record(text) or {}
+    last = state["segments"][-1] if state["segments"] else {}
+    if said and (last.get("status"), last.get("to_step")) != (said.get("status"), said.get("to_step")):
+        state["segments"].append({"index": len(state["segments"]) + 1, "started": None, "ended": None,
+                                  "from_step": said.get("from_step"), "to_step": said.get("to_step"),
+                                  "wall_s": said.get("wall_s"), "train_s": said.get("train_s"),
+                                  "val_loss": said.get("val_loss"), "status": said.get("status"), "error": None})
+        atomic_write_json(seed_dir / STATE, state)
+    return True
+
+
 def summary(seed_dir: Path) -> list[dict]:
     """The seed's segments for its run record and report (empty for a seed that ran as one job)."""
     return read_state(seed_dir)["segments"]

@@ -39,7 +39,7 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     limits = chain.limits(bench.segments, settings.system.max_job_minutes)
     # A seed cancelled as diverged by an earlier invocation runs again when the workflow is run again.
     paths.diverged_file(plan.seed_dir).unlink(missing_ok=True)
-    if limits is None and adopted(kind, bench, plan, log_path, out):
+    if adopted(kind, bench, plan, log_path, out, chained=limits is not None):
         return
     with _band_watch(settings, bench, plan):
         for attempt in range(bench.retries + 1):
@@ -101,9 +101,12 @@ def _band_watch(settings, bench, plan: job.SeedPlan):
         stop.set()
 
 
-def adopted(kind, bench, plan: job.SeedPlan, log_path: Path, out: Path) -> bool:
-    """Whether an attempt a killed workflow left finished (mlrepro.launch.adopt) is the seed's result."""
+def adopted(kind, bench, plan: job.SeedPlan, log_path: Path, out: Path, chained: bool) -> bool:
+    """Whether an attempt a killed workflow left finished (mlrepro.launch.adopt) is the seed's result;
+    of a chained seed, only its last segment's (an earlier one's log ends where the next resumes)."""
     if not adopt.take_finished_attempt(plan, log_path):
+        return False
+    if chained and not chain.ended_by(plan.seed_dir, log_path):
         return False
     try:
         kind.finish_seed(bench, plan, log_path, out)

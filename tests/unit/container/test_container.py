@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -48,19 +47,10 @@ def context(tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def podman_store(tmp_path_factory):
     store = tmp_path_factory.mktemp("podman")
-    runroot = tempfile.mkdtemp(prefix="mlrepro-ct-")  # podman refuses a runroot path over 50 characters
-    settings = {
-        "MLREPRO_PODMAN_STORAGE_DRIVER": "vfs",
-        "MLREPRO_PODMAN_ROOT": str(store / "root"),
-        "MLREPRO_PODMAN_RUNROOT": runroot,
-    }
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    yield store
-    subprocess.run(["podman", "--storage-driver", "vfs", "--root", settings["MLREPRO_PODMAN_ROOT"],
-                    "--runroot", settings["MLREPRO_PODMAN_RUNROOT"], "system", "reset", "--force"],
-                   capture_output=True)
-    shutil.rmtree(runroot, ignore_errors=True)
+    with workspace.podman_store(store / "root") as podman:
+        saved = {k: os.environ.get(k) for k in podman.env}
+        os.environ.update(podman.env)
+        yield store
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

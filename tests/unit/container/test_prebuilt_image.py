@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from mlrepro.container import prebuilt
 from mlrepro.container.prebuilt import ImageError
+import workspace
 
 
 # ---------------------------------------------------------------- names
@@ -96,16 +96,14 @@ def podman(tmp_path_factory):
     if shutil.which("podman") is None:
         pytest.skip("apt-get install -y podman")
     root = tmp_path_factory.mktemp("podman")
-    runroot = tempfile.mkdtemp(prefix="mlrepro-pb-")  # podman refuses a runroot path over 50 characters
-    cmd = ["podman", "--storage-driver", "vfs", "--root", str(root / "store"), "--runroot", runroot]
     context = root / "context"
     context.mkdir()
     (context / "hello.txt").write_text("a prebuilt image\n")
     (context / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /workspace/hello.txt\n")
-    subprocess.run([*cmd, "build", "-t", "localhost/team/mini:v1", str(context)], check=True, capture_output=True)
-    yield cmd
-    subprocess.run([*cmd, "system", "reset", "--force"], capture_output=True)
-    shutil.rmtree(runroot, ignore_errors=True)
+    with workspace.podman_store(root / "store") as store:
+        subprocess.run([*store.cmd, "build", "-t", "localhost/team/mini:v1", str(context)], check=True,
+                       capture_output=True)
+        yield store.cmd
 
 
 def test_a_local_podman_image_is_found_by_reference(podman):

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ import yaml
 from mlrepro import config
 from mlrepro.stages import data as stages
 from mlrepro.data import checks, pipeline
-from workspace import REPO, make_workspace, run_snakemake
+from workspace import REPO, make_workspace, podman_store, run_snakemake
 
 TOKEN = "hf_guard_test_TOKEN_5f0c1e9a7b3d"
 BENCH = "gated"
@@ -85,15 +83,13 @@ def test_token_reaches_the_container_by_name_and_no_file(tmp_path, monkeypatch):
     add_gated_benchmark(ws)
     record = tmp_path / "podman-run.json"
     install_shim(tmp_path / "bin", "podman", "run", record)
-    runroot = tempfile.mkdtemp(prefix="mlrepro-podman-")  # podman wants a short runroot path
-    env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "MLREPRO_PODMAN_STORAGE_DRIVER": "vfs",
-           "MLREPRO_PODMAN_ROOT": str(tmp_path / "podman-root"), "MLREPRO_PODMAN_RUNROOT": runroot}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     target = f"resources/{BENCH}/checkpoint/manifest.json"
     args = ("--profile", "profiles/local", target, "--config", "system=local-podman")
-    try:
+    with podman_store(tmp_path / "podman-root") as store:
+        for name, value in store.env.items():
+            monkeypatch.setenv(name, value)
         missing = run_snakemake(ws, *args, check=False, timeout=600)
         assert missing.returncode != 0
         assert "environment variable HF_TOKEN is not set" in missing.stdout + missing.stderr
@@ -101,10 +97,6 @@ def test_token_reaches_the_container_by_name_and_no_file(tmp_path, monkeypatch):
 
         monkeypatch.setenv("HF_TOKEN", TOKEN)
         run_snakemake(ws, *args, timeout=600)
-    finally:
-        subprocess.run(["podman", "--storage-driver", "vfs", "--root", str(tmp_path / "podman-root"),
-                        "--runroot", runroot, "system", "reset", "--force"], capture_output=True, timeout=120)
-        shutil.rmtree(runroot, ignore_errors=True)
     seen = json.loads(record.read_text())
     argv = seen["argv"]
     assert ["--env", "HF_TOKEN"] in [argv[i:i + 2] for i in range(len(argv) - 1)], argv

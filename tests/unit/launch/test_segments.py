@@ -125,6 +125,26 @@ def test_the_chain_goes_on_after_the_orchestrator_died_between_segments(tmp_path
     assert [s["from_step"] for s in state["segments"]] == [30, 60]
 
 
+def test_a_last_segment_the_workflow_died_after_ends_the_chain_and_is_recorded_once(tmp_path):
+    trainer = Trainer(tmp_path, total=60, per_segment=40)
+    log = tmp_path / "run.log"
+    ended_after_first = []
+
+    def dies_before_the_second():
+        if trainer.calls == 1:
+            raise KeyboardInterrupt
+        trainer()
+        ended_after_first.append(segments.ended_by(tmp_path, log))
+
+    with pytest.raises(KeyboardInterrupt):
+        segments.run_chain(tmp_path, log, dies_before_the_second, segments.Limits(10, 1, 2))
+    assert ended_after_first == [False]  # 0->40 "resume": the chain goes on from its checkpoint
+    trainer()  # the last segment runs, and the workflow dies before it records it
+    assert segments.ended_by(tmp_path, log) and segments.ended_by(tmp_path, log)
+    recorded = [(s["from_step"], s["to_step"], s["status"], s["train_s"]) for s in segments.summary(tmp_path)]
+    assert recorded == [(0, 40, "resume", 1.0), (40, 60, "success", 1.0)]
+
+
 def test_segments_that_make_no_progress_fail_the_seed(tmp_path):
     trainer = Trainer(tmp_path, total=100, per_segment=30)
     trainer.kill_after = {2: 0, 3: 0, 4: 0}
