@@ -132,22 +132,21 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
                                f"(last at step {after}); last error: {error or 'none'}") from error
 
 
-def ended_by(seed_dir: Path, run_log: Path) -> bool:
-    """Whether run_log, the latest segment's log taken back after the workflow died (mlrepro.launch.adopt),
-    has the run's end: the chain is then over and nothing is trained again. Its segment is recorded
-    if the workflow died before it could be."""
+def take_back(seed_dir: Path, run_log: Path) -> bool:
+    """The segment of run_log, the latest attempt's log taken back after the workflow died
+    (mlrepro.launch.adopt), recorded if the workflow died before it could be (its training time counts);
+    True if it has the run's end: the chain is then over and nothing is trained again."""
     text = run_log.read_text(errors="replace") if run_log.exists() else ""
-    if not finished(text):
-        return False
-    state, said = read_state(seed_dir), segment_record(text) or {}
+    state, said = read_state(seed_dir), segment_record(text)
     last = state["segments"][-1] if state["segments"] else {}
-    if said and (last.get("status"), last.get("to_step")) != (said.get("status"), said.get("to_step")):
+    # The fields a record takes from the segment's own line, as run_chain writes it.
+    if said and any(said.get(key) is not None and last.get(key) != said[key] for key in ("status", "from_step", "train_s")):
         state["segments"].append({"index": len(state["segments"]) + 1, "started": None, "ended": None,
                                   "from_step": said.get("from_step"), "to_step": said.get("to_step"),
                                   "wall_s": said.get("wall_s"), "train_s": said.get("train_s"),
                                   "val_loss": said.get("val_loss"), "status": said.get("status"), "error": None})
         atomic_write_json(seed_dir / STATE, state)
-    return True
+    return finished(text)
 
 
 def summary(seed_dir: Path) -> list[dict]:

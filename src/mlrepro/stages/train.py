@@ -103,10 +103,10 @@ def _band_watch(settings, bench, plan: job.SeedPlan):
 
 def adopted(kind, bench, plan: job.SeedPlan, log_path: Path, out: Path, chained: bool) -> bool:
     """Whether an attempt a killed workflow left finished (mlrepro.launch.adopt) is the seed's result;
-    of a chained seed, only its last segment's (an earlier one's log ends where the next resumes)."""
+    of a chained seed, only its last segment's (an earlier one is recorded, and the chain goes on)."""
     if not adopt.take_finished_attempt(plan, log_path):
         return False
-    if chained and not chain.ended_by(plan.seed_dir, log_path):
+    if chained and not chain.take_back(plan.seed_dir, log_path):
         return False
     try:
         kind.finish_seed(bench, plan, log_path, out)

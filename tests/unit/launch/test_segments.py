@@ -120,27 +120,20 @@ def test_the_chain_goes_on_after_the_orchestrator_died_between_segments(tmp_path
     with pytest.raises(KeyboardInterrupt):
         segments.run_chain(tmp_path, tmp_path / "run.log", dies_after_first, segments.Limits(10, 1, 2))
     assert not (tmp_path / segments.STATE).exists()  # the segment's record was not written...
+    # ...but its checkpoint was: the next run of the workflow starts from it, and takes its log back
+    # (mlrepro.launch.adopt) so that its training time counts.
+    assert not segments.take_back(tmp_path, tmp_path / "run.log")
     state = segments.run_chain(tmp_path, tmp_path / "run.log", trainer, segments.Limits(10, 1, 2))
-    # ...but its checkpoint was: the next run of the workflow starts from it.
-    assert [s["from_step"] for s in state["segments"]] == [30, 60]
+    assert [(s["from_step"], s["train_s"]) for s in state["segments"]] == [(0, 1.0), (30, 1.0), (60, 1.0)]
 
 
-def test_a_last_segment_the_workflow_died_after_ends_the_chain_and_is_recorded_once(tmp_path):
+def test_segments_the_workflow_died_after_are_taken_back_once_and_the_last_ends_the_chain(tmp_path):
     trainer = Trainer(tmp_path, total=60, per_segment=40)
     log = tmp_path / "run.log"
-    ended_after_first = []
-
-    def dies_before_the_second():
-        if trainer.calls == 1:
-            raise KeyboardInterrupt
-        trainer()
-        ended_after_first.append(segments.ended_by(tmp_path, log))
-
-    with pytest.raises(KeyboardInterrupt):
-        segments.run_chain(tmp_path, log, dies_before_the_second, segments.Limits(10, 1, 2))
-    assert ended_after_first == [False]  # 0->40 "resume": the chain goes on from its checkpoint
-    trainer()  # the last segment runs, and the workflow dies before it records it
-    assert segments.ended_by(tmp_path, log) and segments.ended_by(tmp_path, log)
+    trainer()  # 0->40, and the workflow dies before recording it
+    assert not segments.take_back(tmp_path, log)  # "resume": the chain goes on from its checkpoint
+    trainer()  # 40->60, the run's end, and the workflow dies again
+    assert segments.take_back(tmp_path, log) and segments.take_back(tmp_path, log)
     recorded = [(s["from_step"], s["to_step"], s["status"], s["train_s"]) for s in segments.summary(tmp_path)]
     assert recorded == [(0, 40, "resume", 1.0), (40, 60, "success", 1.0)]
 
