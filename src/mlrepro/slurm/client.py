@@ -349,21 +349,36 @@ def _own_jobs(fields: str, *options: str) -> list[list[str]]:
             if row and row[0]]
 
 
+def _partition_nodes(partition: str) -> list[str] | None:
+    """The nodes of a partition as sinfo names them; None if sinfo cannot say."""
+    proc = _run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N"], check=False)
+    return sorted(set(proc.stdout.split())) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
 def exclude_from_pending(folder: str | os.PathLike, nodes: Iterable[str]) -> list[str]:
     """Add `nodes` to the excluded nodes of the current user's pending jobs whose working folder is
     inside `folder` (a reproduction's seeds, queued before a node was found bad): their own
-    exclusions are kept. The ids of the jobs updated; a job that started meanwhile is left as it is."""
+    exclusions are kept. The ids of the jobs updated; a job that started meanwhile is left as it is,
+    and so is one that would then need more nodes than its partition has left (Slurm would keep it
+    pending for ever, BadConstraints; sbatch refuses such a job, and the seed is submitted without)."""
     nodes = [n for n in nodes if n]
     root = Path(folder).resolve()
-    updated = []
-    for job_id, excluded, workdir in _own_jobs("%i|%x|%Z", "-t", "PENDING"):
+    updated, partitions = [], {}
+    for job_id, count, partition, excluded, workdir in _own_jobs("%i|%D|%P|%x|%Z", "-t", "PENDING"):
         if not workdir or not Path(workdir).is_relative_to(root):
             continue
         have = expand_hostlist(excluded) if excluded.strip() not in ("", "(null)") else []
         if all(n in have for n in nodes):
             continue
-        update = _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join([*have, *(n for n in nodes if n not in have)])}"],
-                      check=False)
+        wanted = [*have, *(n for n in nodes if n not in have)]
+        if partition not in partitions:
+            partitions[partition] = _partition_nodes(partition)
+        left = None if partitions[partition] is None else [n for n in partitions[partition] if n not in wanted]
+        if left is not None and count.strip().isdigit() and len(left) < int(count):
+            log.warning("Slurm job %s needs %s node(s): excluding %s would leave %d in partition %s; left as it is",
+                        job_id, count.strip(), ",".join(wanted), len(left), partition)
+            continue
+        update = _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(wanted)}"], check=False)
         if update.returncode == 0:
             updated.append(job_id)
         else:  # started or ended since squeue answered: its nodes are chosen already
