@@ -93,11 +93,14 @@ def _timed_window(log: ParsedLog, reasons: list[str]) -> tuple[Any, Any, list, f
     reason added to `reasons`, when they do not make a run time)."""
     start, stop = log.first("run_start"), log.first("run_stop")
     position = {id(r): i for i, r in enumerate(log.records)}
-    # Only what the run logged between run_start and run_stop counts: an evaluation
-    # before run_start (or after run_stop) is not part of the timed run.
     first = position[id(start)] + 1 if start is not None else len(log.records)
     last = position[id(stop)] if stop is not None else len(log.records)
-    window = log.records[first:last]
+    # Only what the run logged between run_start and run_stop counts, by its time stamp as the
+    # official tools read it: the ranks of one run print their lines in no fixed order, so where
+    # a line stands in the file does not say when it happened.
+    # Without run_stop (a run killed or still going), what follows run_start's line is the run.
+    window = log.records[first:] if stop is None else [] if start is None else [
+        r for r in log.records if r is not start and r is not stop and start.time_ms <= r.time_ms <= stop.time_ms]
     minutes = None
     if start is None:
         reasons.append("run_start missing")
@@ -111,6 +114,12 @@ def _timed_window(log: ParsedLog, reasons: list[str]) -> tuple[Any, Any, list, f
         # Same arithmetic as result_summarizer, so the rounding matches too.
         minutes = None if why else (stop.time_ms - start.time_ms) / 60 / 1000
     return start, stop, window, minutes
+
+
+def _evaluation_lines(log: ParsedLog, start: Any, stop: Any, window: list) -> list:
+    """Where a run's evaluations are looked for: every line when run_start and run_stop are both
+    logged (their time stamps decide, and one stamped outside the run is named), else the window."""
+    return log.records if start is not None and stop is not None else window
 
 
 def _evaluations(window: list, metric: str) -> tuple[list[list[float]], float | None]:
@@ -168,7 +177,8 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
     if stop is not None and run["status"] != "success":
         reasons.append(f"run_stop status is {run['status'] or 'missing'}, not success")
 
-    timed, late = integrity.evaluations_in_time(window, rules.target_metric, start, stop)
+    timed, late = integrity.evaluations_in_time(_evaluation_lines(log, start, stop, window), rules.target_metric,
+                                                start, stop)
     evals, last_samples = _evaluations(timed, rules.target_metric)
     run["evals"] = evals
     run["target_reached"] = any(rules.target_met(v) for _, v in evals)
@@ -224,12 +234,17 @@ def _official_run(path: Path, rules: Rules, seed: int | None) -> dict:
     run["minutes"], run["time_ms"] = read["minutes"], read["time_ms"]
     status = stop.metadata.get("status") if stop is not None else None
     run["status"] = status if isinstance(status, str) else None
-    timed, late = integrity.evaluations_in_time(window, rules.target_metric, start, stop)
+    timed, late = integrity.evaluations_in_time(_evaluation_lines(log, start, stop, window), rules.target_metric,
+                                                start, stop)
     run["evals"], _ = _evaluations(timed, rules.target_metric)
     # The compliance checker holds runs to the target (its ATLEAST_ONE_CHECK), two-part ones too.
     run["target_reached"] = (any(rules.target_met(v) for _, v in run["evals"]) if rules.target_value is not None
                              else bool(read["compliance"]["pass"]))
     run["converged"] = run["status"] == "success" and run["target_reached"]
+    if read["counted"] and not run["converged"]:
+        why = (f"run_stop status is {run['status'] or 'missing'}" if run["status"] != "success" else
+               f"no {rules.target_metric} evaluation stamped within the run meets the target")
+        flags.append(f"the official tools count this run, but it did not converge: {why} ({integrity.STRICTER})")
     run["samples_to_converge"] = epochs if converged else None
     gbs = log.last("global_batch_size")
     run["global_batch_size"] = _number(gbs.value) if gbs is not None else None

@@ -64,6 +64,43 @@ def test_evaluation_after_run_stop_is_not_counted(tmp_path):
     assert scoring.score_run(path, MINI)["target_reached"] is False
 
 
+def test_lines_out_of_file_order_are_read_by_their_time_stamps(tmp_path):
+    """Ranks print in no fixed order: the target-reaching evaluation may stand after run_stop's line.
+    The official tools count such a run (found by the fuzz test, CI of 1c6ca73); so does its record."""
+    lines = lf.run_lines(seed=7, minutes=21.5)
+    hit = next(ln for ln in lines if '"eval_accuracy"' in ln and json.loads(ln.split(" ", 1)[1])["value"] <= 0.925)
+    lines.remove(hit)
+    lines.append(hit)
+    path = tmp_path / "result_0.txt"
+    path.write_text("\n".join(lines) + "\n")
+    run = scoring.score_run(path, rules_for("llama2_70b_lora"))
+    assert run["counted"] and run["minutes"] == 21.5 and run["compliance"]["pass"]
+    assert run["converged"] and run["target_reached"] and run["evals"][-1][1] <= 0.925
+    assert not run["flags"] and not run["reasons"]
+
+
+def test_a_run_the_official_tools_count_without_converging_here_is_flagged(tmp_path):
+    """Its only target-reaching evaluation is stamped after run_stop: mlperf_logging counts the run,
+    mlrepro's stricter reading does not call it converged, so the score is MLCommons' but not valid."""
+    specs = lf.ten_runs()[:3]
+    paths = lf.write_runs(tmp_path, specs)
+    lines = paths[0].read_text().splitlines()
+    stop = json.loads(next(ln for ln in lines if '"run_stop"' in ln).split(" ", 1)[1])["time_ms"]
+    i = next(i for i, ln in enumerate(lines) if '"eval_accuracy"' in ln
+             and json.loads(ln.split(" ", 1)[1])["value"] <= 0.925)
+    late = json.loads(lines[i].split(" ", 1)[1])
+    lines[i] = lf.line("eval_accuracy", late["value"], t=stop + 60_000, file=lf.CALLBACKS, lineno=303,
+                       samples_count=late["metadata"]["samples_count"])
+    paths[0].write_text("\n".join(lines) + "\n")
+    rules = rules_for("llama2_70b_lora", required_runs=3)
+    run = scoring.score_run(paths[0], rules)
+    assert run["counted"] and not run["converged"], run
+    assert any("official tools count this run, but it did not converge" in f for f in run["flags"]), run["flags"]
+    assert any("after run_stop" in p for p in run["problems"]), run["problems"]
+    score = scoring.score_runs(paths, rules)
+    assert not score["valid"] and any("did not converge" in r for r in score["reasons"]), score["reasons"]
+
+
 # ---------------------------------------------------------------- item 2 (scoring side): one run per log
 
 def test_two_runs_in_one_log_are_rejected_not_scored(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,8 +41,9 @@ def corrupt(data: bytes, ops) -> bytes:
         elif kind == "insert":
             data = data[:pos] + payload + data[pos:]
         elif kind == "shuffle":
-            seed = payload[0]
-            lines = sorted(lines, key=lambda ln: hash((ln, seed)))
+            # seeded, not hash(): bytes hash differently in every process, and derandomize is to
+            # give every run (CI's included) the same inputs
+            random.Random(payload[0]).shuffle(lines)
             data = b"\n".join(lines)
         elif kind == "drop_key":
             key = [b"run_start", b"run_stop", b"eval_accuracy", b"global_batch_size", b"seed",
@@ -68,7 +70,8 @@ def test_corrupted_logs_never_raise(tmp_path, ops):
     assert RUN_KEYS <= set(run)
     json.dumps(run)
     if run["counted"]:
-        assert run["minutes"] > 0 and run["converged"] and run["compliance"]["pass"]
+        # what the official tools count and mlrepro's stricter reading does not is flagged
+        assert run["minutes"] > 0 and run["compliance"]["pass"] and (run["converged"] or run["flags"])
     else:
         assert run["reasons"]
     # the same log among otherwise good runs: a score or reasons, never an exception
