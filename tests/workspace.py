@@ -66,15 +66,19 @@ class PodmanStore:
 @contextlib.contextmanager
 def podman_store(root: Path) -> Iterator[PodmanStore]:
     """A throw-away podman store (vfs driver) in `root`, reset and removed afterwards. Its runroot is
-    not under root: podman refuses a runroot path over 50 characters, and pytest's are longer."""
-    runroot = tempfile.mkdtemp(prefix="mlrepro-podman-")
-    cmd = ["podman", "--storage-driver", "vfs", "--root", str(root), "--runroot", runroot]
+    not under root: podman refuses a runroot path over 50 characters, and pytest's are longer. It has
+    its own libpod state too (--tmpdir): the tests' stores are used side by side, and one's reset would
+    otherwise remove the state the others are building with (/run/libpod)."""
+    state = Path(tempfile.mkdtemp(prefix="mlrepro-podman-"))
+    env = {"MLREPRO_PODMAN_STORAGE_DRIVER": "vfs", "MLREPRO_PODMAN_ROOT": str(root),
+           "MLREPRO_PODMAN_RUNROOT": str(state / "run"), "MLREPRO_PODMAN_TMPDIR": str(state / "tmp")}
+    cmd = ["podman", "--storage-driver", "vfs", "--root", str(root), "--runroot", env["MLREPRO_PODMAN_RUNROOT"],
+           "--tmpdir", env["MLREPRO_PODMAN_TMPDIR"]]
     try:
-        yield PodmanStore({"MLREPRO_PODMAN_STORAGE_DRIVER": "vfs", "MLREPRO_PODMAN_ROOT": str(root),
-                           "MLREPRO_PODMAN_RUNROOT": runroot}, cmd)
+        yield PodmanStore(env, cmd)
     finally:
         subprocess.run([*cmd, "system", "reset", "--force"], capture_output=True)
-        shutil.rmtree(runroot, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def snakemake_cmd(*args: str) -> list[str]:

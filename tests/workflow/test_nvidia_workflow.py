@@ -257,18 +257,18 @@ def test_wrong_size_in_expected_mounts_fails_the_dataset_stage(tmp_path):
 # ---------------------------------------------------------------- 2. container through the workflow
 
 @pytest.fixture
-def podman_env(tmp_path):
+def podman(tmp_path):
     """A throw-away podman store (vfs driver) that the workflow's container stage uses."""
     if shutil.which("podman") is None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("podman is not installed, and CI installs it")
         pytest.skip("podman is not installed (apt-get install -y podman squashfs-tools)")
-    with workspace.podman_store(tmp_path / "podman-root") as podman:
-        yield podman.env
+    with workspace.podman_store(tmp_path / "podman-root") as store:
+        yield store
 
 
 @pytest.mark.parametrize("runtime", ["podman", "enroot"])
-def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman_env, tmp_path):
+def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman, tmp_path):
     if runtime == "enroot" and shutil.which("enroot") is None and shutil.which("mksquashfs") is None:
         pytest.skip("neither enroot nor mksquashfs (apt-get install -y squashfs-tools)")
     repo, commit = make_fixture_repo(tmp_path)
@@ -280,7 +280,7 @@ def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman_env,
     target = f"results/{BENCH}/container.json"
     args = ("--profile", "profiles/local", target, "--config", f"system={system}", f"benchmarks=[{BENCH}]")
 
-    first = snakemake(ws, *args, env=podman_env)
+    first = snakemake(ws, *args, env=podman.env)
     assert {"implementation", "container"} <= set(ran_jobs(first))
     record = json.loads((ws / target).read_text())
     variant = fetched_variant(ws)
@@ -288,9 +288,8 @@ def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman_env,
     assert record["context"] == str(variant)
     assert record["context_digest"] == context.context_digest(variant, variant / "Dockerfile")
     # The image is in the store the workflow was given, under the recorded tag and id.
-    inspected = subprocess.run(["podman", "--storage-driver", "vfs", "--root", podman_env["MLREPRO_PODMAN_ROOT"],
-                                "--runroot", podman_env["MLREPRO_PODMAN_RUNROOT"], "image", "inspect",
-                                "--format", "{{.Id}}", record["tag"]], capture_output=True, text=True)
+    inspected = subprocess.run([*podman.cmd, "image", "inspect", "--format", "{{.Id}}", record["tag"]],
+                               capture_output=True, text=True)
     assert inspected.returncode == 0, inspected.stderr
     assert "sha256:" + inspected.stdout.strip() == record["image_id"]
     if runtime == "enroot":
@@ -305,21 +304,21 @@ def test_container_stage_builds_and_rebuilds_only_on_change(runtime, podman_env,
 
     # Nothing changed: nothing runs.
     stamp = (ws / target).stat().st_mtime_ns
-    again = snakemake(ws, *args, env=podman_env)
+    again = snakemake(ws, *args, env=podman.env)
     assert ran_jobs(again) == [] and "Nothing to be done" in again.stdout + again.stderr
     assert (ws / target).stat().st_mtime_ns == stamp
 
     # A file of the implementation touched but not changed: Snakemake compares the checksums
     # it recorded for the rule's inputs (the implementation's files), so nothing runs either.
     os.utime(variant / "train.py")
-    touched = snakemake(ws, *args, env=podman_env)
+    touched = snakemake(ws, *args, env=podman.env)
     assert ran_jobs(touched) == [], touched.stdout + touched.stderr
     assert (ws / target).stat().st_mtime_ns == stamp
 
     # A file of the implementation changed: a new context, a new image (and a new .sqsh).
     with open(variant / "train.py", "a") as fh:
         fh.write("# changed by the test\n")
-    changed = snakemake(ws, *args, env=podman_env)
+    changed = snakemake(ws, *args, env=podman.env)
     assert ran_jobs(changed) == ["container"]
     rebuilt = json.loads((ws / target).read_text())
     assert rebuilt["context_digest"] == context.context_digest(variant, variant / "Dockerfile")

@@ -13,7 +13,10 @@ the software it ran on.
 podman settings come from the environment, so CI or a shared machine can keep
 the image store out of /var/lib/containers without editing global files:
 MLREPRO_PODMAN_STORAGE_DRIVER (e.g. vfs where overlay mounts are not allowed),
-MLREPRO_PODMAN_ROOT and MLREPRO_PODMAN_RUNROOT (store and state folders).
+MLREPRO_PODMAN_ROOT and MLREPRO_PODMAN_RUNROOT (store and state folders), and
+MLREPRO_PODMAN_TMPDIR (libpod's own state, /run/libpod by default: stores that
+share it are not independent, and a `podman system reset` of one breaks builds in
+the others).
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ def runtime_command(runtime: str = "podman") -> list[str]:
     if runtime == "podman":
         for option, variable in (("--storage-driver", "MLREPRO_PODMAN_STORAGE_DRIVER"),
                                  ("--root", "MLREPRO_PODMAN_ROOT"),
-                                 ("--runroot", "MLREPRO_PODMAN_RUNROOT")):
+                                 ("--runroot", "MLREPRO_PODMAN_RUNROOT"),
+                                 ("--tmpdir", "MLREPRO_PODMAN_TMPDIR")):
             if os.environ.get(variable):
                 cmd += [option, os.environ[variable]]
     return cmd
@@ -114,11 +118,16 @@ def _run(cmd: Sequence[str], what: str, **kwargs) -> subprocess.CompletedProcess
 
 def inspect_image(image: str, runtime: str = "podman") -> dict | None:
     """The runtime's description of a local image, or None when it has no such image."""
+    return _inspect(image, runtime)[0]
+
+
+def _inspect(image: str, runtime: str) -> tuple[dict | None, str]:
+    """inspect_image, and what the runtime said when it has no description to give."""
     proc = subprocess.run([*runtime_command(runtime), "image", "inspect", image], capture_output=True, text=True)
     if proc.returncode != 0:
-        return None
+        return None, proc.stderr.strip()
     data = json.loads(proc.stdout or "[]")
-    return data[0] if data else None
+    return (data[0], "") if data else (None, "no image in its answer")
 
 
 def _image_record(info: dict, runtime: str, tag: str) -> dict:
@@ -158,9 +167,9 @@ def build_image(
         cmd += ["--build-arg", f"{key}={value}"]
     cmd.append(str(context))
     _run(cmd, f"building {tag} with {runtime}")
-    info = inspect_image(tag, runtime)
+    info, said = _inspect(tag, runtime)
     if info is None:
-        raise ContainerError(f"{runtime} built {tag} but cannot inspect it afterwards")
+        raise ContainerError(f"{runtime} built {tag} but cannot inspect it afterwards: {said[-2000:]}")
     return _image_record(info, runtime, tag)
 
 

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from mlrepro.container.image import runtime_command
 from mlrepro.util.secrets import redactor, secret_values
 from mlrepro.data.checks import DataError
 from mlrepro.util.proc import run_logged
@@ -52,7 +53,8 @@ def container_command(
             # enroot has no workdir flag; change directory inside the container.
             return cmd + ["sh", "-c", f"cd {shlex.quote(workdir)} && exec \"$@\"", "sh", *argv]
         return cmd + list(argv)
-    cmd = [engine, "run", "--rm"]
+    # The same podman as the container stage built the image with (its store, from MLREPRO_PODMAN_*).
+    cmd = [*runtime_command(engine), "run", "--rm"]
     for name in env_names:
         cmd += ["--env", name]
     for host, inside in mounts.items():

@@ -72,6 +72,20 @@ def segment_record(log_text: str) -> dict | None:
         return None
 
 
+# What a segment's record takes from the segment's own `segment:` line (where the line has it): a
+# record matching the line on these is that segment's, which take_back relies on.
+FROM_LINE = ("status", "from_step", "train_s", "val_loss")
+
+
+def _record(index: int, said: dict, **seen) -> dict:
+    """A segments.json record: what the segment's line says, over what was `seen` from outside it."""
+    record = dict.fromkeys(("index", "started", "ended", "from_step", "to_step", "wall_s", "train_s", "val_loss",
+                            "status", "error"))
+    record.update(index=index, **seen)
+    record.update({key: said[key] for key in FROM_LINE if said.get(key) is not None})
+    return record
+
+
 def finished(log_text: str) -> bool:
     return RUN_STOP.search(log_text) is not None
 
@@ -103,8 +117,7 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
     folder = seed_dir / CHECKPOINTS
     stalls = 0
     while True:
-        before, started, error = _step(folder), time.monotonic(), None
-        record = {"index": len(state["segments"]) + 1, "started": now(), "from_step": before}
+        before, started, started_at, error = _step(folder), time.monotonic(), now(), None
         # The previous segment's log must not speak for a job that dies before writing its own
         # (every attempt keeps its own log in attempt_K/).
         run_log.parent.mkdir(parents=True, exist_ok=True)
@@ -117,12 +130,10 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
         said = segment_record(text) or {}
         done = finished(text)
         after = said.get("to_step", _step(folder)) if done else _step(folder)
-        record.update(ended=now(), to_step=after, wall_s=round(time.monotonic() - started, 3),
-                      train_s=said.get("train_s"), val_loss=said.get("val_loss"),
-                      status=said.get("status") if said else "killed", error=str(error) if error else None)
-        if said and said.get("from_step") is not None:
-            record["from_step"] = said["from_step"]
-        state["segments"].append(record)
+        state["segments"].append(_record(
+            len(state["segments"]) + 1, said, started=started_at, ended=now(), from_step=before, to_step=after,
+            wall_s=round(time.monotonic() - started, 3), status=None if said else "killed",
+            error=str(error) if error else None))
         atomic_write_json(seed_dir / STATE, state)
         if done:
             return state
@@ -139,12 +150,9 @@ def take_back(seed_dir: Path, run_log: Path) -> bool:
     text = run_log.read_text(errors="replace") if run_log.exists() else ""
     state, said = read_state(seed_dir), segment_record(text)
     last = state["segments"][-1] if state["segments"] else {}
-    # The fields a record takes from the segment's own line, as run_chain writes it.
-    if said and any(said.get(key) is not None and last.get(key) != said[key] for key in ("status", "from_step", "train_s")):
-        state["segments"].append({"index": len(state["segments"]) + 1, "started": None, "ended": None,
-                                  "from_step": said.get("from_step"), "to_step": said.get("to_step"),
-                                  "wall_s": said.get("wall_s"), "train_s": said.get("train_s"),
-                                  "val_loss": said.get("val_loss"), "status": said.get("status"), "error": None})
+    if said and any(said.get(key) is not None and last.get(key) != said[key] for key in FROM_LINE):
+        state["segments"].append(_record(len(state["segments"]) + 1, said, to_step=said.get("to_step"),
+                                         wall_s=said.get("wall_s")))
         atomic_write_json(seed_dir / STATE, state)
     return finished(text)
 

@@ -47,15 +47,10 @@ def context(tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def podman_store(tmp_path_factory):
     store = tmp_path_factory.mktemp("podman")
-    with workspace.podman_store(store / "root") as podman:
-        saved = {k: os.environ.get(k) for k in podman.env}
-        os.environ.update(podman.env)
+    with workspace.podman_store(store / "root") as podman, pytest.MonkeyPatch.context() as mp:
+        for key, value in podman.env.items():
+            mp.setenv(key, value)
         yield store
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 # --- build context digest (no podman needed) ----------------------------------------

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -289,11 +290,16 @@ def test_run_download_script_redacts_token_and_checks_exit(tmp_path):
         run_download_script(script, [TOKEN], env={"HF_TOKEN": TOKEN}, log_path=logp)
 
 
-def test_container_command_lines_keep_secrets_off_argv(tmp_path):
+def test_container_command_lines_keep_secrets_off_argv(tmp_path, monkeypatch):
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install -y podman)")
+    # the store the container stage built the image in
+    monkeypatch.setenv("MLREPRO_PODMAN_ROOT", str(tmp_path / "store"))
     argv = ["python3", "scripts/download_model.py", "--model_dir", "/data/model"]
     podman = container_command("mlperf-nvidia:llama2_70b_lora-pyt", argv, env_names=["HF_TOKEN"],
                                mounts={tmp_path: "/data"}, workdir="/workspace/ft-llm")
-    assert podman[:3] == ["podman", "run", "--rm"]
+    assert Path(podman[0]).name == "podman" and podman[1:3] == ["--root", str(tmp_path / "store")]
+    assert podman[3:5] == ["run", "--rm"]
     assert podman[podman.index("--env") + 1] == "HF_TOKEN"
     assert f"{tmp_path}:/data" in podman
     assert podman[-5:] == ["mlperf-nvidia:llama2_70b_lora-pyt", *argv]

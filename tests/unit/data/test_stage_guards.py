@@ -31,7 +31,10 @@ SHIM = '''#!{python}
 import json, os, sys
 from pathlib import Path
 args = sys.argv[1:]
-if args[:1] != [{verb!r}]:
+at = 0
+while at < len(args) and args[at].startswith("--"):  # global options (the store's), each with a value
+    at += 2
+if args[at:at + 1] != [{verb!r}]:
     os.execv({real!r}, [{real!r}, *args])
 Path({record!r}).write_text(json.dumps({{"argv": args, "env": dict(os.environ)}}))
 mounts = [a for i, a in enumerate(args) if i and args[i - 1] in ("--volume", "--mount")]
@@ -102,6 +105,8 @@ def test_token_reaches_the_container_by_name_and_no_file(tmp_path, monkeypatch):
     assert ["--env", "HF_TOKEN"] in [argv[i:i + 2] for i in range(len(argv) - 1)], argv
     assert seen["env"]["HF_TOKEN"] == TOKEN, "the runtime was not given the token to pass in"
     assert not any(TOKEN in a for a in argv), "the token is on the command line"
+    # in the store the container stage built the image in
+    assert argv[argv.index("--root") + 1] == store.env["MLREPRO_PODMAN_ROOT"], argv
     assert (ws / "resources" / BENCH / "checkpoint" / "weights.bin").is_file()
     assert "HF_TOKEN is set" in (ws / "logs" / BENCH / "checkpoint.log").read_text()
     leaked = files_holding([ws / d for d in ("results", "resources", "logs", ".snakemake")], TOKEN)
