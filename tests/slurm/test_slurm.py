@@ -223,6 +223,13 @@ def test_scancel_gives_cancelled(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slurm
+def test_sinfo_says_which_nodes_are_out_of_service(slurm_cluster):
+    # the cluster the tests share is healthy: taking a node down would fail the others' jobs
+    assert slurm.out_of_service(["node1", "node2"]) == {}
+    assert slurm.out_of_service([]) == {}
+
+
+@pytest.mark.slurm
 def test_a_bad_node_is_excluded_from_the_seeds_queued_already(slurm_cluster, tmp_path):
     """Issue 24 item 4: a node found bad mid-reproduction was kept out of seeds submitted after it, but a
     seed queued before started on it. Held jobs stand for queued seeds: two in the reproduction's

@@ -199,7 +199,8 @@ def _bad_nodes(plan: SeedPlan, system: System, job: dict, info, run_log: Path) -
     found = dict(quick.failed_nodes(Path(job["logdir"])))
     text = run_log.read_text(errors="replace") if run_log.is_file() else ""
     if info.state != "COMPLETED" and (why := node_health.node_side(info.state, text)) and not found:
-        found = {node: why for node in info.nodes}
+        down = slurm.out_of_service(info.nodes) if info.state in node_health.NODE_STATES else None
+        found = node_health.blamed(info.nodes, why, down)
     new = [node for node, why in found.items()
            if node_health.record(bad_nodes_file(plan, system), node, why, benchmark=plan.benchmark, seed=plan.seed,
                                  attempt=job["attempt"], job_id=str(job["job_id"]),

@@ -355,6 +355,31 @@ def _partition_nodes(partition: str) -> list[str] | None:
     return sorted(set(proc.stdout.split())) if proc.returncode == 0 and proc.stdout.strip() else None
 
 
+# sinfo's %T states in which Slurm has taken a node out of service itself; a trailing "*" marks a
+# node that does not respond, whatever its state.
+OUT_OF_SERVICE = ("down", "drained", "draining", "fail", "failing")
+
+
+def out_of_service(nodes: Sequence[str]) -> dict[str, str] | None:
+    """Which of `nodes` Slurm has taken out of service (down, drained or draining, failing, not
+    responding), each with its state and reason as sinfo gives them; None if sinfo cannot say."""
+    if not nodes:
+        return {}
+    proc = _run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T|%E"], check=False)
+    return parse_out_of_service(proc.stdout) if proc.returncode == 0 else None
+
+
+def parse_out_of_service(text: str) -> dict[str, str]:
+    """out_of_service from sinfo's `%N|%T|%E` lines (a node is listed once per partition it is in)."""
+    found = {}
+    for line in text.splitlines():
+        name, state, reason = (line.strip().split("|", 2) + ["", ""])[:3]
+        base = state.rstrip("*~#!%$@^-+").lower()
+        if name and (base in OUT_OF_SERVICE or state.endswith("*")):
+            found[name] = state + (f" ({reason})" if reason and reason != "none" else "")
+    return found
+
+
 def exclude_from_pending(folder: str | os.PathLike, nodes: Iterable[str]) -> list[str]:
     """Add `nodes` to the excluded nodes of the current user's pending jobs whose working folder is
     inside `folder` (a reproduction's seeds, queued before a node was found bad): their own

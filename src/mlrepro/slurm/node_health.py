@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import re
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from mlrepro import paths
 from mlrepro.util.fsutil import atomic_write_json, locked
@@ -50,6 +51,15 @@ def node_side(state: str | None, log_text: str = "") -> str | None:
         line = next((ln for ln in log_text.splitlines() if m.group(0) in ln), m.group(0))
         return f"GPU error in the run's log: {line.strip()[:200]}"
     return None
+
+
+def blamed(nodes: Sequence[str], why: str, out_of_service: Mapping[str, str] | None) -> dict[str, str]:
+    """The nodes a failure that points at a job's `nodes` (`why`, node_side's) is laid on: those of
+    them Slurm has taken out of service (`out_of_service`: node -> its state), when it names any,
+    else all of them. A 64-node job that ends NODE_FAIL lost one node, and the other 63 stay in use."""
+    named = {node: f"{why}; Slurm has it {out_of_service[node]}" for node in nodes
+             if node in (out_of_service or {})}
+    return named or {node: why for node in nodes}
 
 
 def read(path: Path) -> dict[str, dict]:

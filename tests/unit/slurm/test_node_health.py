@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mlrepro.slurm import node_health
+from mlrepro.slurm import client, node_health
 
 
 def test_record_once_exclude_and_clear(tmp_path):
@@ -63,3 +63,23 @@ def test_parallel_seeds_failing_on_one_node_record_it_once(tmp_path):
 def test_node_side_failures_are_told_from_job_failures(state, log, expected):
     why = node_health.node_side(state, log)
     assert (why is None) if expected is None else why.startswith(expected)
+
+
+def test_a_node_failure_is_laid_on_the_nodes_slurm_took_out_of_service():
+    nodes = ["gpu01", "gpu02", "gpu03", "gpu04"]
+    why = "Slurm job ended NODE_FAIL"
+    blamed = node_health.blamed(nodes, why, {"gpu03": "down* (Not responding)", "gpu09": "drained"})
+    assert blamed == {"gpu03": "Slurm job ended NODE_FAIL; Slurm has it down* (Not responding)"}
+    # Slurm names none of the job's nodes (back already), or cannot say: every node of the job
+    assert node_health.blamed(nodes, why, {}) == node_health.blamed(nodes, why, None) == dict.fromkeys(nodes, why)
+
+
+def test_sinfo_states_that_take_a_node_out_of_service():
+    text = "\n".join([
+        "gpu01|idle|none", "gpu02|down*|Not responding", "gpu03|drained|Kill task failed",
+        "gpu04|mixed|none", "gpu05|idle*|none", "gpu06|allocated+|none", "gpu07|draining@|NHC: Xid 79",
+        "gpu08|fail|none", "gpu02|down*|Not responding",  # a node in two partitions is listed twice
+        "gpu09|completing|none", "gpu10|reserved|none", "", "garbage"])
+    assert client.parse_out_of_service(text) == {
+        "gpu02": "down* (Not responding)", "gpu03": "drained (Kill task failed)", "gpu05": "idle*",
+        "gpu07": "draining@ (NHC: Xid 79)", "gpu08": "fail"}
