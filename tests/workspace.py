@@ -15,6 +15,8 @@ from typing import Iterator
 
 import pytest
 
+from mlrepro.container import image
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 COPIED = ("Snakefile", "workflow", "config", "profiles", "implementations")
@@ -72,8 +74,7 @@ def podman_store(root: Path) -> Iterator[PodmanStore]:
     state = Path(tempfile.mkdtemp(prefix="mlrepro-podman-"))
     env = {"MLREPRO_PODMAN_STORAGE_DRIVER": "vfs", "MLREPRO_PODMAN_ROOT": str(root),
            "MLREPRO_PODMAN_RUNROOT": str(state / "run"), "MLREPRO_PODMAN_TMPDIR": str(state / "tmp")}
-    cmd = ["podman", "--storage-driver", "vfs", "--root", str(root), "--runroot", env["MLREPRO_PODMAN_RUNROOT"],
-           "--tmpdir", env["MLREPRO_PODMAN_TMPDIR"]]
+    cmd = ["podman", *(arg for option, variable in image.PODMAN_SETTINGS for arg in (option, env[variable]))]
     try:
         yield PodmanStore(env, cmd)
     finally:

@@ -91,6 +91,11 @@ def environment_manifest() -> dict:
 # podman / docker
 
 
+# podman's global options and the variables that set them (the module's docstring says why each).
+PODMAN_SETTINGS = (("--storage-driver", "MLREPRO_PODMAN_STORAGE_DRIVER"), ("--root", "MLREPRO_PODMAN_ROOT"),
+                   ("--runroot", "MLREPRO_PODMAN_RUNROOT"), ("--tmpdir", "MLREPRO_PODMAN_TMPDIR"))
+
+
 def runtime_command(runtime: str = "podman") -> list[str]:
     """The runtime's command with the global options this environment asks for."""
     if runtime not in ("podman", "docker"):
@@ -101,10 +106,7 @@ def runtime_command(runtime: str = "podman") -> list[str]:
         raise ContainerError(f"{runtime} is not installed on this machine ({hint})")
     cmd = [exe]
     if runtime == "podman":
-        for option, variable in (("--storage-driver", "MLREPRO_PODMAN_STORAGE_DRIVER"),
-                                 ("--root", "MLREPRO_PODMAN_ROOT"),
-                                 ("--runroot", "MLREPRO_PODMAN_RUNROOT"),
-                                 ("--tmpdir", "MLREPRO_PODMAN_TMPDIR")):
+        for option, variable in PODMAN_SETTINGS:
             if os.environ.get(variable):
                 cmd += [option, os.environ[variable]]
     return cmd
