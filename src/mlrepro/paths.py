@@ -1,16 +1,19 @@
 """Where everything lives under results/ and resources/, and the readers of the records kept there.
 
-Seed folder contract (results/<benchmark>/seed_<seed>/, private to the user):
+A seed's folder, results/<benchmark>/seed_<seed>/ (private to the user), and every file in it are
+named by `SeedPaths` alone (its attempts' folders by `AttemptPaths`):
   plan.json     the launch plan the seed runs, written once when it starts (mlrepro.launch.job)
   mllog.txt     the run's MLLOG lines; written last, atomically: its presence means "done"
   run.log       the output of the last attempt that ended (the rule's log), secrets redacted
   run.json      the seed's score (the score_seed stage)
   attempt_<K>/  each attempt's own folder (LOGDIR): its run.log or Slurm logs, submitit's files, and
                 attempt.json (what the attempt cost: nodes, GPUs, elapsed, state; mlrepro.scoring.cost)
-  job.json      the launch of the current attempt (local owner and marker, or Slurm job id)
+  job.json      the launch of the current attempt (`JobRecord`: local owner and marker, or Slurm job id)
   failure.json  why the last attempt failed; removed when an attempt succeeds
   stopped.json  the early stop did not run (or cancelled) this seed; its mllog.txt is then empty
   diverged.json its running attempt left the reference runs' band (cancelled, with early_stop.cancel_diverged)
+  finished.json what mllog.txt held when the seed finished (mlrepro.launch.finished)
+  segments.json, checkpoints/   a chain of time-limited segments (mlrepro.launch.chain)
 
 Per reproduction: results/<benchmark>/early_stop.json (the early stop's decision, mlrepro.scoring.early_stop)
 and results/nodes/<system>/bad_nodes.json (the nodes every later seed excludes, mlrepro.slurm.node_health).
@@ -23,12 +26,15 @@ The Snakemake rules get the same paths as wildcard patterns (`SEED_DIR_PATTERN`,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 SEED_DIR_PATTERN = "results/{benchmark}/seed_{seed}"
 _SEED_DIR_NAME = re.compile(r"^seed_(\d+)$")
+_ATTEMPT_DIR_NAME = re.compile(r"^attempt_(\d+)$")
 
 # The stages that fill resources/<benchmark>/: stage name -> folder name.
 STAGE_FOLDERS = {"dataset": "data", "checkpoint": "checkpoint"}
@@ -39,9 +45,208 @@ def benchmark_dir(root: Path, benchmark: str) -> Path:
     return Path(root) / "results" / benchmark
 
 
+def benchmark_root(benchmark_folder: Path) -> Path:
+    """The checkout a results/<benchmark> folder belongs to (the root every other path is under)."""
+    return Path(benchmark_folder).parent.parent
+
+
 def seed_dir(root: Path, benchmark: str, seed: int) -> Path:
     """results/<benchmark>/seed_<seed>/ (see the contract above)."""
-    return benchmark_dir(root, benchmark) / f"seed_{seed}"
+    return SeedPaths.of(root, benchmark, seed).folder
+
+
+@dataclass(frozen=True)
+class AttemptPaths:
+    """attempt_<K>/ of a seed: one attempt's own folder (its LOGDIR) and the files in it."""
+
+    folder: Path
+
+    RECORD = "attempt.json"
+    RUN_LOG = "run.log"
+
+    def __post_init__(self):
+        object.__setattr__(self, "folder", Path(self.folder))
+
+    @property
+    def number(self) -> int:
+        return int(_ATTEMPT_DIR_NAME.match(self.folder.name).group(1))
+
+    @property
+    def record(self) -> Path:
+        """attempt.json: what the attempt cost (written by its backend, read by mlrepro.scoring.cost)."""
+        return self.folder / self.RECORD
+
+    @property
+    def run_log(self) -> Path:
+        """The local backend's log of the run (run_and_time.sh's output, redacted)."""
+        return self.folder / self.RUN_LOG
+
+    @property
+    def pid_file(self) -> Path:
+        """run_and_time.sh's process id (local backend)."""
+        return self.folder / "run.pid"
+
+    @property
+    def submitit(self) -> Path:
+        """submitit's own folder of the local job (its pickles and logs)."""
+        return self.folder / ".submitit"
+
+    @property
+    def slurm_output(self) -> Path:
+        """sbatch's --output pattern: run.sub's own stdout and stderr (%j: the job id)."""
+        return self.folder / "slurm-%j.out"
+
+    @property
+    def adopted_log(self) -> Path:
+        """The logs of a finished Slurm attempt joined, when a rerun takes that run back (mlrepro.launch.adopt)."""
+        return self.folder / "adopted.log"
+
+    def run_sub_logs(self) -> list[Path]:
+        """run.sub's run log(s), ${LOGDIR}/${DATESTAMP}_1.log: a seed runs with NEXP=1."""
+        return sorted(self.folder.glob("*_1.log"))
+
+    def newest_log(self) -> Path | None:
+        """The log written last in the attempt's folder (the running attempt's progress is read from it)."""
+        logs = sorted((p for p in self.folder.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+        return logs[-1] if logs else None
+
+
+@dataclass(frozen=True)
+class SeedPaths:
+    """results/<benchmark>/seed_<seed>/: the one owner of every file name of a seed's folder (the
+    contract above), as submitit's JobPaths is of a job's; the root and the benchmark's folder come
+    from the folder itself, so no caller counts parents."""
+
+    folder: Path
+
+    PLAN = "plan.json"
+    MLLOG = "mllog.txt"
+    RUN_LOG = "run.log"
+    RUN_JSON = "run.json"
+    JOB = "job.json"
+    FAILURE = "failure.json"
+    STOPPED = "stopped.json"
+    DIVERGED = "diverged.json"
+    FINISHED = "finished.json"
+    SEGMENTS = "segments.json"
+    CHECKPOINTS = "checkpoints"
+    FAILURE_RESERVE = ".failure.reserve"
+    MEGATRON_LAUNCH = "launch.sh"
+    MEGATRON_ARGS = "megatron_args.txt"
+
+    def __post_init__(self):
+        object.__setattr__(self, "folder", Path(self.folder))
+
+    @classmethod
+    def of(cls, root: Path, benchmark: str, seed: int) -> SeedPaths:
+        return cls.under(benchmark_dir(root, benchmark), seed)
+
+    @classmethod
+    def under(cls, benchmark_folder: Path, seed: int) -> SeedPaths:
+        """The seed's folder in a results/<benchmark> folder."""
+        return cls(Path(benchmark_folder) / f"seed_{seed}")
+
+    @property
+    def benchmark_dir(self) -> Path:
+        return self.folder.parent
+
+    @property
+    def results_dir(self) -> Path:
+        """results/: every benchmark's seeds."""
+        return self.benchmark_dir.parent
+
+    @property
+    def root(self) -> Path:
+        return benchmark_root(self.benchmark_dir)
+
+    @property
+    def seed(self) -> int | None:
+        """The seed the folder's name says (None for a folder not named seed_<N>)."""
+        m = _SEED_DIR_NAME.match(self.folder.name)
+        return int(m.group(1)) if m else None
+
+    @property
+    def plan(self) -> Path:
+        """The launch plan it runs (mlrepro.launch.job.SeedPlan), written when it starts."""
+        return self.folder / self.PLAN
+
+    @property
+    def mllog(self) -> Path:
+        return self.folder / self.MLLOG
+
+    @property
+    def run_log(self) -> Path:
+        return self.folder / self.RUN_LOG
+
+    @property
+    def run_json(self) -> Path:
+        return self.folder / self.RUN_JSON
+
+    @property
+    def job(self) -> Path:
+        """job.json: the launch of its current attempt (`JobRecord`)."""
+        return self.folder / self.JOB
+
+    @property
+    def failure(self) -> Path:
+        """failure.json: why its last attempt failed."""
+        return self.folder / self.FAILURE
+
+    @property
+    def failure_reserve(self) -> Path:
+        """Room kept for failure.json while an attempt runs, so that a full disk can still say why it failed."""
+        return self.folder / self.FAILURE_RESERVE
+
+    @property
+    def stopped(self) -> Path:
+        """stopped.json: the early stop did not run, or cancelled, this seed."""
+        return self.folder / self.STOPPED
+
+    @property
+    def diverged(self) -> Path:
+        """diverged.json: the running attempt's evaluations left the reference runs' band."""
+        return self.folder / self.DIVERGED
+
+    @property
+    def finished(self) -> Path:
+        """finished.json: what its log (mllog.txt) held when the seed finished (size, sha256)."""
+        return self.folder / self.FINISHED
+
+    @property
+    def segments(self) -> Path:
+        """segments.json: a chained seed's segments so far (mlrepro.launch.chain)."""
+        return self.folder / self.SEGMENTS
+
+    @property
+    def checkpoints(self) -> Path:
+        """checkpoints/: where a checkpointing seed's trainer saves and resumes."""
+        return self.folder / self.CHECKPOINTS
+
+    @property
+    def submitit(self) -> Path:
+        """.submitit/ of the seed itself, where an older version kept submitit's files."""
+        return self.folder / ".submitit"
+
+    @property
+    def megatron_launch(self) -> Path:
+        """A local Megatron seed's torchrun line (mlrepro.kinds.megatron)."""
+        return self.folder / self.MEGATRON_LAUNCH
+
+    @property
+    def megatron_args(self) -> Path:
+        """A Slurm Megatron seed's per-rank pretrain_gpt.py arguments, read by run.sub (mlrepro.kinds.megatron)."""
+        return self.folder / self.MEGATRON_ARGS
+
+    def attempt(self, number: int) -> AttemptPaths:
+        return AttemptPaths(self.folder / f"attempt_{number}")
+
+    def attempts(self) -> list[AttemptPaths]:
+        """The attempt folders there are, oldest first."""
+        found = [AttemptPaths(p) for p in self.folder.glob("attempt_*") if _ATTEMPT_DIR_NAME.match(p.name) and p.is_dir()]
+        return sorted(found, key=lambda a: a.number)
+
+    def next_attempt(self) -> int:
+        return max((a.number for a in self.attempts()), default=0) + 1
 
 
 def seed_file_pattern(name: str) -> str:
@@ -146,6 +351,24 @@ def container_json(root: Path, benchmark: str) -> Path:
     return benchmark_dir(root, benchmark) / "container.json"
 
 
+class RecordUnreadable(ValueError):
+    """A record that is there but is not a JSON object (half-written, hand-edited)."""
+
+
+def read_record(path: Path) -> dict | None:
+    """The JSON object in `path`; None when the file is absent; RecordUnreadable, naming the file, otherwise."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise RecordUnreadable(f"{path.name} is unreadable: {exc}") from None
+    if not isinstance(data, dict):
+        raise RecordUnreadable(f"{path.name} is not a JSON object")
+    return data
+
+
 def read_json_if_exists(path: Path) -> dict | None:
     """The JSON object in `path`; None when the file is absent, half-written (not JSON) or holds
     something other than an object."""
@@ -172,14 +395,88 @@ def container_image(record: dict, *, pushed: bool) -> str | None:
     return (record.get("sqsh") or {}).get("path") or pushed_ref or record["tag"]
 
 
-def read_job(seed_folder: Path) -> dict | None:
-    """job.json of a seed: the launch of its current attempt."""
-    return read_json_if_exists(seed_folder / "job.json")
+def _tuple(value) -> tuple[str, ...] | None:
+    return tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """job.json: the launch of a seed's current attempt, one type for both backends.
+
+    A local attempt records who waits on it (to stop it after a crash); a Slurm one its job id, the
+    sbatch line that ran and, once collected, how it ended. The keys on disk are the fields' names;
+    `to_json` writes the keys of the record's situation only, as the backends always have.
+    """
+
+    scheduler: str | None = None  # "local" or "slurm"
+    attempt: int | None = None
+    logdir: Path | None = None
+    submitted: str | None = None
+    # a local attempt
+    host: str | None = None
+    controller_pid: int | None = None
+    owner_pid: int | None = None
+    owner_start: int | None = None
+    ranks: int | None = None
+    walltime_minutes: int | None = None
+    # a Slurm attempt
+    job_id: str | None = None
+    exclude: tuple[str, ...] | None = None  # None: found in Slurm by its name, submitted unrecorded
+    sbatch: tuple[str, ...] | None = None
+    collected: str | None = None  # when its end was read; then state, end, elapsed_s and nodes are Slurm's
+    state: str | None = None
+    end: str | None = None
+    elapsed_s: float | None = None
+    nodes: tuple[str, ...] | None = None
+    extra: dict = dataclasses.field(default_factory=dict, repr=False)  # keys this version does not know, kept
+
+    _LOCAL = ("scheduler", "host", "controller_pid", "owner_pid", "owner_start", "attempt", "logdir", "submitted",
+              "ranks", "walltime_minutes")
+    _SLURM = ("scheduler", "job_id", "attempt", "logdir", "exclude", "sbatch", "submitted")
+    _COLLECTED = ("collected", "state", "end", "elapsed_s", "nodes")
+
+    def to_json(self) -> dict:
+        if self.scheduler == "local":
+            keys = self._LOCAL
+        else:
+            keys = [k for k in self._SLURM if k not in ("exclude", "sbatch") or getattr(self, k) is not None]
+            keys += list(self._COLLECTED) if self.collected is not None else []
+        record = dict(self.extra)
+        for key in keys:
+            value = getattr(self, key)
+            record[key] = str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+        return record
+
+    @classmethod
+    def from_json(cls, record: dict) -> JobRecord:
+        """A job.json of either backend, of this version or an earlier one; missing keys read as None."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in record.items() if k in names}
+        if known.get("logdir"):
+            known["logdir"] = Path(known["logdir"])
+        if known.get("job_id") is not None:
+            known["job_id"] = str(known["job_id"])
+        for key in ("exclude", "sbatch", "nodes"):
+            if key in known:
+                known[key] = _tuple(known[key])
+        return cls(**known, extra={k: v for k, v in record.items() if k not in names})
+
+
+def read_job(seed_folder: Path, *, strict: bool = False) -> JobRecord | None:
+    """job.json of a seed (mlrepro.launch.job.write_job writes it); None when there is none, or with
+    `strict` off when it is unreadable (with it on: RecordUnreadable, naming the file)."""
+    try:
+        record = read_record(SeedPaths(seed_folder).job)
+    except RecordUnreadable:
+        if strict:
+            raise
+        return None
+    return JobRecord.from_json(record) if record is not None else None
 
 
 def plan_file(seed_folder: Path) -> Path:
     """plan.json of a seed: the launch plan it runs (mlrepro.launch.job.SeedPlan), written when it starts."""
-    return seed_folder / "plan.json"
+    return SeedPaths(seed_folder).plan
 
 
 def read_plan(seed_folder: Path) -> dict | None:
@@ -188,17 +485,17 @@ def read_plan(seed_folder: Path) -> dict | None:
 
 def attempt_record(attempt_folder: Path) -> Path:
     """attempt_<K>/attempt.json: what one attempt cost (written by its backend, read by mlrepro.scoring.cost)."""
-    return attempt_folder / "attempt.json"
+    return AttemptPaths(Path(attempt_folder)).record
 
 
 def stopped_file(seed_folder: Path) -> Path:
     """stopped.json: the early stop did not run, or cancelled, this seed."""
-    return seed_folder / "stopped.json"
+    return SeedPaths(seed_folder).stopped
 
 
 def diverged_file(seed_folder: Path) -> Path:
     """diverged.json: the running attempt's evaluations left the reference runs' band."""
-    return seed_folder / "diverged.json"
+    return SeedPaths(seed_folder).diverged
 
 
 def early_stop_file(root: Path, benchmark: str) -> Path:
@@ -213,12 +510,12 @@ def bad_nodes_file(root: Path, system: str) -> Path:
 
 def finished_file(seed_folder: Path) -> Path:
     """finished.json of a seed: what its log (mllog.txt) held when the seed finished (size, sha256)."""
-    return seed_folder / "finished.json"
+    return SeedPaths(seed_folder).finished
 
 
 def read_failure(seed_folder: Path) -> dict | None:
     """failure.json of a seed: why its last attempt failed."""
-    return read_json_if_exists(seed_folder / "failure.json")
+    return read_json_if_exists(SeedPaths(seed_folder).failure)
 
 
 def progress_file(log: Path) -> Path:

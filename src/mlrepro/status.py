@@ -1,9 +1,9 @@
 """`mlrepro status results/<benchmark>`: each seed's state, live from Slurm.
 
-Reads the seed folders the launch stage writes (results/<benchmark>/seed_<N>/):
+Reads the seed folders the launch stage writes (results/<benchmark>/seed_<N>/, mlrepro.paths.SeedPaths):
 
     plan.json     the seed's launch plan (mlrepro.launch.job.SeedPlan)    the seed started
-    job.json      {"job_id", "submitted", "sbatch", "attempt", "nodes"}  submitted to Slurm
+    job.json      mlrepro.paths.JobRecord (job id, attempt, nodes, ...)   launched, here or in Slurm
     failure.json  {"reason", "state", "exit_code", "job_id", "nodes"}    the last attempt failed
     run.json      {"seed", "minutes", "status", "converged", ...}        the run finished
     mllog.txt                                                            its MLPerf log
@@ -18,13 +18,20 @@ import contextlib
 import json
 import re
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from mlrepro import paths
+from mlrepro import config, paths
+from mlrepro.paths import AttemptPaths, SeedPaths
+from mlrepro.pretrain import progress
 from mlrepro.pretrain.progress import format_elapsed
+from mlrepro.scoring import cost, early_stop, live
+from mlrepro.scoring import rules as scoring_rules
 from mlrepro.slurm import client as slurm
+from mlrepro.slurm import node_health
+from mlrepro.util import progress as stage_progress_files
 
 
 # What a seed is, in the user's words.
@@ -76,12 +83,9 @@ def parse_seeds(text: str) -> list[int]:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        return {"_unreadable": f"{path.name} is unreadable: {exc}"}
-    return data if isinstance(data, dict) else {"_unreadable": f"{path.name} is not a JSON object"}
+        return paths.read_record(path)
+    except paths.RecordUnreadable as exc:
+        return {"_unreadable": str(exc)}
 
 
 def _nodes(value) -> list[str] | None:
@@ -100,12 +104,10 @@ def seed_status(seed: int, folder: Path,
     """The state of one seed from its folder and, if it has a live job, from Slurm; a seed still
     at work shows its progress from its live log: a pretraining seed's step, tokens, loss and ETA,
     an MLPerf seed's samples against the reference's (`evals`, see mlperf_progress) and ETA."""
-    from mlrepro.pretrain import progress
-
     status = _seed_status(seed, folder, job_info)
     if (plan := paths.read_plan(folder)) is not None:
         status.ranks, status.walltime_minutes = plan.get("ranks"), plan.get("walltime_minutes")
-    trained = (folder / "mllog.txt").is_file()
+    trained = SeedPaths(folder).mllog.is_file()
     training = status.state not in (DONE, FAILED, MISSING) and not trained
     found, describe = None, None
     if training and (found := progress.live(folder)):
@@ -123,30 +125,21 @@ def seed_status(seed: int, folder: Path,
 
 
 def mlperf_describe(p: dict) -> str:
-    from mlrepro.scoring import live
-
     return live.describe(p)
 
 
 def current_log(seed_dir: Path) -> Path | None:
     """The newest log of the seed's current attempt (job.json's logdir), or None."""
-    job = _read_json(seed_dir / "job.json") or {}
-    logdir = Path(job.get("logdir") or "")
-    if not job.get("logdir") or not logdir.is_dir():
+    job = paths.read_job(seed_dir)
+    if job is None or job.logdir is None or not job.logdir.is_dir():
         return None
-    logs = sorted((p for p in logdir.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
-    return logs[-1] if logs else None
+    return AttemptPaths(job.logdir).newest_log()
 
 
 def mlperf_progress(benchmark_dir: Path) -> Callable[[Path], dict | None] | None:
     """How to read an MLPerf-style seed's progress from its eval events: the benchmark's metric and
     target from its config, the reference's samples to converge from reference.json (when written)."""
-    import time
-
-    from mlrepro import config
-    from mlrepro.scoring import live
-
-    root = benchmark_dir.resolve().parent.parent
+    root = paths.benchmark_root(benchmark_dir.resolve())
     try:
         bench = config.load_benchmark(root, benchmark_dir.name)
     except (config.ConfigError, OSError):
@@ -169,10 +162,7 @@ def mlperf_progress(benchmark_dir: Path) -> Callable[[Path], dict | None] | None
 
 def stage_progress(benchmark_dir: Path) -> list[dict]:
     """The progress files of the benchmark's long stages (downloads), a corpus's tasks added up."""
-    from mlrepro import config
-    from mlrepro.util import progress
-
-    root = benchmark_dir.resolve().parent.parent
+    root = paths.benchmark_root(benchmark_dir.resolve())
     corpus = None
     try:
         corpus = config.load_benchmark(root, benchmark_dir.name).corpus
@@ -180,49 +170,54 @@ def stage_progress(benchmark_dir: Path) -> list[dict]:
         pass
     groups: dict[str, list[dict]] = {}
     for path in paths.progress_files(root, benchmark_dir.name, corpus):
-        record = progress.read(path)
+        record = stage_progress_files.read(path)
         if record is None:
             continue
         stage = path.name.removesuffix(".progress.json")
         what = (f"corpus {corpus} {stage.split('_task_')[0]}" if path.parent.name == corpus
                 and path.parent.parent.name == "corpora" else f"{benchmark_dir.name} {stage}")
         groups.setdefault(what, []).append(record)
-    return [{"stage": what, **progress.combine(records, what)} for what, records in groups.items()]
+    return [{"stage": what, **stage_progress_files.combine(records, what)} for what, records in groups.items()]
 
 
 def _seed_status(seed: int, folder: Path,
                  job_info: Callable[[str], slurm.JobInfo] | None = None) -> SeedStatus:
     if not folder.is_dir():
         return SeedStatus(seed=seed, state=MISSING)
-    if (stopped := paths.read_json_if_exists(paths.stopped_file(folder))) is not None:
+    files = SeedPaths(folder)
+    if (stopped := paths.read_json_if_exists(files.stopped)) is not None:
         return SeedStatus(seed=seed, state=STOPPED, reason=("cancelled" if stopped.get("cancelled") else "not run")
                           + " by the early stop")
-    job = _read_json(folder / "job.json")
-    failure = _read_json(folder / "failure.json")
-    result = _read_json(folder / "run.json")
+    try:
+        job, unreadable = paths.read_job(folder, strict=True), None
+    except paths.RecordUnreadable as exc:
+        job, unreadable = None, str(exc)
+    failure = _read_json(files.failure)
+    result = _read_json(files.run_json)
+    job_id = job.job_id if job is not None and job.job_id not in (None, "") else None
+    attempt = job.attempt if job is not None else None
 
-    if result is not None and "_unreadable" not in result and (folder / "mllog.txt").is_file():
+    if result is not None and "_unreadable" not in result and files.mllog.is_file():
         status = str(result.get("status", "success")).lower()
         minutes = result.get("minutes")
         converged = result.get("converged")
         if isinstance(changed := result.get("changed_after_finish"), dict):
-            return SeedStatus(seed=seed, state=FAILED, job_id=(job or {}).get("job_id"), attempt=(job or {}).get("attempt"),
+            return SeedStatus(seed=seed, state=FAILED, job_id=job_id, attempt=attempt,
                               reason=f"{changed.get('reason')}; redo it with: {changed.get('rerun')}")
         if status in _SUCCESS_STATUSES:
             return SeedStatus(
-                seed=seed, state=DONE, job_id=(job or {}).get("job_id"),
+                seed=seed, state=DONE, job_id=job_id,
                 elapsed_seconds=float(minutes) * 60 if isinstance(minutes, (int, float)) else None,
-                nodes=_nodes((job or {}).get("nodes")), attempt=(job or {}).get("attempt"),
+                nodes=_nodes(job.nodes if job is not None else None), attempt=attempt,
                 converged=converged if isinstance(converged, bool) else None,
                 reason=None if converged is not False else "did not converge",
             )
-        return SeedStatus(seed=seed, state=FAILED, job_id=(job or {}).get("job_id"),
-                          reason=f"run ended with status {status!r}", attempt=(job or {}).get("attempt"))
+        return SeedStatus(seed=seed, state=FAILED, job_id=job_id,
+                          reason=f"run ended with status {status!r}", attempt=attempt)
 
-    job_id = str(job["job_id"]) if job and job.get("job_id") not in (None, "") else None
     failure_is_current = failure is not None and (
         job_id is None or str(failure.get("job_id", "")) == job_id
-        or (folder / "failure.json").stat().st_mtime >= (folder / "job.json").stat().st_mtime)
+        or files.failure.stat().st_mtime >= files.job.stat().st_mtime)
 
     if failure is not None and failure_is_current:
         reason = failure.get("_unreadable") or failure.get("reason") or failure.get("state") or "failed"
@@ -231,15 +226,14 @@ def _seed_status(seed: int, folder: Path,
             reason = f"{reason} (exit code {exit_code})"
         return SeedStatus(seed=seed, state=FAILED, job_id=str(failure.get("job_id") or job_id or "") or None,
                           slurm_state=failure.get("state"), nodes=_nodes(failure.get("nodes")),
-                          reason=str(reason), attempt=(job or {}).get("attempt"))
+                          reason=str(reason), attempt=attempt)
 
-    if job is not None and "_unreadable" in job:
-        return SeedStatus(seed=seed, state=SUBMITTED, reason=job["_unreadable"])
+    if unreadable is not None:
+        return SeedStatus(seed=seed, state=SUBMITTED, reason=unreadable)
     if job_id is None:
         return SeedStatus(seed=seed, state=NOT_STARTED)
 
-    status = SeedStatus(seed=seed, state=SUBMITTED, job_id=job_id, attempt=job.get("attempt"),
-                        nodes=_nodes(job.get("nodes")))
+    status = SeedStatus(seed=seed, state=SUBMITTED, job_id=job_id, attempt=attempt, nodes=_nodes(job.nodes))
     return _with_slurm_state(status, job_info)
 
 
@@ -278,15 +272,12 @@ def benchmark_status(benchmark_dir: Path, seeds: Iterable[int] | None = None,
     found = paths.seed_dirs(benchmark_dir)
     wanted = sorted(set(found) | set(seeds or ()))
     evals = mlperf_progress(benchmark_dir)
-    return [seed_status(s, found.get(s, paths.seed_dir(benchmark_dir.parent.parent, benchmark_dir.name, s)), job_info,
-                        evals) for s in wanted]
+    return [seed_status(s, found.get(s, SeedPaths.under(benchmark_dir, s).folder), job_info, evals) for s in wanted]
 
 
 def configured_seeds(benchmark_dir: Path) -> list[int] | None:
     """The seeds that config/benchmarks/<name>.yaml configures, for a results/<name> folder of a checkout."""
-    from mlrepro import config
-
-    root = benchmark_dir.resolve().parent.parent
+    root = paths.benchmark_root(benchmark_dir.resolve())
     if not (root / "config" / "benchmarks" / f"{benchmark_dir.name}.yaml").is_file():
         return None
     try:
@@ -353,11 +344,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"benchmark": folder.name, "folder": str(folder), "counts": counts, "stages": stages,
                           "seeds": [asdict(r) for r in rows], **extra}, indent=2))
         return 0
-    from mlrepro.util import progress
-
     for stage in stages:
         if stage["live"]:
-            print(progress.describe(stage))
+            print(stage_progress_files.describe(stage))
     if not rows:
         print(f"{folder}: no seed folders (seed_<N>) yet")
         return 0
@@ -370,11 +359,7 @@ def run(args: argparse.Namespace) -> int:
 
 def reproduction(folder: Path) -> dict:
     """What the seeds cost so far, the running verdict, the early stop and the system's excluded nodes."""
-    from mlrepro.scoring import cost, early_stop
-    from mlrepro.scoring import rules as scoring_rules
-    from mlrepro.slurm import node_health
-
-    root = folder.resolve().parent.parent
+    root = paths.benchmark_root(folder.resolve())
     spent = cost.benchmark_cost(folder, gpus_per_node=1)
     spent["unit"] = cost.unit_of(cost.seed_attempts(f, 1) for f in paths.seed_dirs(folder).values())
     out: dict = {"cost": spent, "early_stop": early_stop.read_decision(root, folder.name), "running_verdict": None,
@@ -384,7 +369,7 @@ def reproduction(folder: Path) -> dict:
             if nodes := node_health.read(record):
                 out["excluded_nodes"][record.parent.name] = nodes
     bench = _benchmark(root, folder.name)
-    if bench is not None and any((f / "mllog.txt").is_file() for f in paths.seed_dirs(folder).values()):
+    if bench is not None and any(SeedPaths(f).mllog.is_file() for f in paths.seed_dirs(folder).values()):
         out["running_verdict"] = early_stop.running(root, bench, scoring_rules.for_benchmark(bench))
     out["outside_band"] = _outside_band(root, folder, bench)
     return out
@@ -392,10 +377,7 @@ def reproduction(folder: Path) -> dict:
 
 def _outside_band(root: Path, folder: Path, bench) -> dict[str, str]:
     """Running seeds whose evaluations left the reference runs' band: they have already lost."""
-    from mlrepro.scoring import early_stop
-    from mlrepro.scoring import rules as scoring_rules
-
-    running = {s: f for s, f in paths.seed_dirs(folder).items() if not (f / "mllog.txt").is_file()}
+    running = {s: f for s, f in paths.seed_dirs(folder).items() if not SeedPaths(f).mllog.is_file()}
     if bench is None or bench.is_pretrain or not running:
         return {}
     rules = scoring_rules.for_benchmark(bench)
@@ -409,8 +391,6 @@ def _outside_band(root: Path, folder: Path, bench) -> dict[str, str]:
 
 
 def _benchmark(root: Path, name: str):
-    from mlrepro import config
-
     if not (root / "config" / "benchmarks" / f"{name}.yaml").is_file():
         return None
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -131,27 +132,28 @@ def test_parse_duration():
 # ---------------------------------------------------------------- unit: command line (redaction: test_secrets.py)
 
 
-def test_sbatch_command_carries_each_option_once():
-    command = slurm.sbatch_command(
+def test_an_sbatch_request_carries_each_option_once():
+    command = slurm.SbatchRequest(
         "impl/run.sub", nodes=2, time_minutes=12.5, partition="debug", account="acct",
         exclude=["node2", "node1", "node2"], job_name="mini_lora-seed_3", output="results/seed_3/slurm-%j.out",
-        extra_args=["--gpus-per-node=4"], workdir="impl")
+        extra_args=["--gpus-per-node=4"], workdir="impl").render()
     assert command == [
         "sbatch", "--parsable", "--export=ALL", "--no-requeue", "--job-name=mini_lora-seed_3", "--nodes=2", "--time=13",
         "--partition=debug", "--account=acct", "--exclude=node1,node2", "--output=results/seed_3/slurm-%j.out",
         "--chdir=impl", "--gpus-per-node=4", "impl/run.sub"]
-    assert slurm.sbatch_command("run.sub") == ["sbatch", "--parsable", "--export=ALL", "--no-requeue", "run.sub"]
+    assert slurm.SbatchRequest("run.sub").render() == ["sbatch", "--parsable", "--export=ALL", "--no-requeue", "run.sub"]
     with pytest.raises(ValueError, match="nodes"):
-        slurm.sbatch_command("run.sub", nodes=0)
+        slurm.SbatchRequest("run.sub", nodes=0)
 
 
-def test_an_attempt_sets_its_own_folders_and_excludes_on_the_plans_line():
-    plan_line = slurm.sbatch_command("impl/run.sub", nodes=2, time_minutes=5, exclude=["node9"], job_name="j")
-    attempt = slurm.for_attempt(plan_line, exclude=["node9", "node1"], output="a_2/slurm-%j.out", workdir="a_2")
-    assert attempt == ["sbatch", "--parsable", "--export=ALL", "--no-requeue", "--job-name=j", "--nodes=2", "--time=5",
-                       "--exclude=node1,node9", "--output=a_2/slurm-%j.out", "--chdir=a_2", "impl/run.sub"]
-    assert slurm.for_attempt(attempt) == ["sbatch", "--parsable", "--export=ALL", "--no-requeue", "--job-name=j",
-                                          "--nodes=2", "--time=5", "impl/run.sub"]
+def test_an_attempt_sets_its_own_folders_and_excludes_on_the_plans_request():
+    plan = slurm.SbatchRequest("impl/run.sub", nodes=2, time_minutes=5, exclude=["node9"], job_name="j")
+    attempt = dataclasses.replace(plan, exclude=["node9", "node1"], output="a_2/slurm-%j.out", workdir="a_2")
+    assert attempt.render() == ["sbatch", "--parsable", "--export=ALL", "--no-requeue", "--job-name=j", "--nodes=2",
+                                "--time=5", "--exclude=node1,node9", "--output=a_2/slurm-%j.out", "--chdir=a_2",
+                                "impl/run.sub"]
+    assert dataclasses.replace(attempt, exclude=(), output=None, workdir=None).render() == [
+        "sbatch", "--parsable", "--export=ALL", "--no-requeue", "--job-name=j", "--nodes=2", "--time=5", "impl/run.sub"]
 
 
 def test_submit_of_a_missing_script_names_it(tmp_path):

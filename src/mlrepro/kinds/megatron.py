@@ -32,8 +32,6 @@ from mlrepro.util.fsutil import atomic_dir, atomic_write_text
 log = logging.getLogger(__name__)
 
 NAME = "megatron"
-LAUNCH_FILE = "launch.sh"  # the local launch line (torchrun ...), in the seed folder
-ARGS_FILE = "megatron_args.txt"  # the per-rank pretrain_gpt.py arguments (run.sub), in the seed folder
 
 
 def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
@@ -55,7 +53,8 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
             f"`mlrepro plan` show it); {megatron_plan.NOT_LAUNCHED}: run it in its own container, or train "
             f"the model with `launcher: megatron`")
     corpus_dir = megatron_plan.benchmark_corpus_dir(root, bench)
-    seed_dir = paths.seed_dir(root, benchmark, seed)
+    files = paths.SeedPaths.of(root, benchmark, seed)
+    seed_dir = files.folder
     lay, per_node = p.layout, system.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
     slurm = system.scheduler == "slurm"
@@ -65,7 +64,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     limits = chain.limits(bench.segments, system.max_job_minutes)
     save = {}
     if limits is not None:
-        save = {"save": str(seed_dir / chain.CHECKPOINTS),
+        save = {"save": str(files.checkpoints),
                 "save_interval": int(overrides.get("save_interval") or megatron_launch.Run.eval_interval)}
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(megatron_dir(root, benchmark))}
@@ -77,11 +76,11 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     if prepared:
         run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"), **save)
         if slurm:
-            env |= {"MEGATRON_ARGS_FILE": str(seed_dir / ARGS_FILE), "DATADIR": str(corpus_dir.resolve()),
+            env |= {"MEGATRON_ARGS_FILE": str(files.megatron_args), "DATADIR": str(corpus_dir.resolve()),
                     "CONT": str(overrides.get("image") or "${CONT}")}
             line = shlex.join(megatron_launch.pretrain_args(run))
         else:
-            env["MEGATRON_LAUNCH_FILE"] = str(seed_dir / LAUNCH_FILE)
+            env["MEGATRON_LAUNCH_FILE"] = str(files.megatron_launch)
             line = megatron_launch.torchrun_line(run, nproc=lay.gpus)
         env["MEGATRON_LINE"] = line
     else:

@@ -14,7 +14,10 @@ import socket
 from pathlib import Path
 
 from mlrepro import paths
+from mlrepro.launch import local
 from mlrepro.launch.job import SeedPlan
+from mlrepro.paths import AttemptPaths
+from mlrepro.util import proctree
 from mlrepro.util.fsutil import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -23,24 +26,20 @@ log = logging.getLogger(__name__)
 def attempt_log(plan: SeedPlan) -> Path | None:
     """The log of the seed's latest attempt once nothing of it runs any more; None while it may
     still run (a Slurm job not yet collected is re-attached to instead) or when there is none."""
-    job = paths.read_job(plan.seed_dir) or {}
-    logdir = Path(job["logdir"]) if job.get("logdir") else None
-    if logdir is None or not logdir.is_dir():
+    job = paths.read_job(plan.seed_dir)
+    if job is None or job.logdir is None or not job.logdir.is_dir():
         return None
-    if job.get("scheduler") == "local":
-        if job.get("host") != socket.gethostname():
+    here = AttemptPaths(job.logdir)
+    if job.scheduler == "local":
+        if job.host != socket.gethostname():
             return None
-        from mlrepro.launch import local
-        from mlrepro.util import proctree
-
         local.stop_earlier_attempts(plan.seed_dir, proctree.seed_marker(plan.seed_dir))
-        return logdir / "run.log" if (logdir / "run.log").is_file() else None
-    if job.get("scheduler") == "slurm" and job.get("collected") and job.get("state") == "COMPLETED":
-        logs = sorted(logdir.glob("*_1.log"))
+        return here.run_log if here.run_log.is_file() else None
+    if job.scheduler == "slurm" and job.collected and job.state == "COMPLETED":
+        logs = here.run_sub_logs()
         if logs:
-            joined = logdir / "adopted.log"
-            atomic_write_bytes(joined, b"".join(p.read_bytes() for p in logs))
-            return joined
+            atomic_write_bytes(here.adopted_log, b"".join(p.read_bytes() for p in logs))
+            return here.adopted_log
     return None
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mlrepro.slurm import client as slurm
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -85,21 +86,20 @@ def indices_text(indices: list[int]) -> str:
     return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
 
 
-def sbatch_line(plan: ArrayPlan, indices: list[int], root: Path, partition: str | None, account: str | None) -> list[str]:
-    from mlrepro.slurm import client as slurm
-
+def sbatch_request(plan: ArrayPlan, indices: list[int], root: Path, partition: str | None,
+                   account: str | None) -> slurm.SbatchRequest:
     extra = [f"--array={indices_text(indices)}", "--wait", f"--cpus-per-task={plan.cpus}"]
     if plan.mem_mb:
         extra.append(f"--mem={plan.mem_mb}M")
-    return slurm.sbatch_command(plan.script, partition=partition, account=account, job_name=plan.job_name,
-                                output=plan.log_pattern(root), workdir=str(root), extra_args=extra)
+    return slurm.SbatchRequest(script=plan.script, partition=partition, account=account, job_name=plan.job_name,
+                               output=plan.log_pattern(root), workdir=root, extra_args=extra)
 
 
 def describe(plan: ArrayPlan, root: Path, partition: str | None, account: str | None) -> str:
     """The plan line `snakemake -n` shows."""
     return (f"{plan.name}: {plan.stage} as one Slurm job array of {plan.size} tasks "
             f"(RANK=$SLURM_ARRAY_TASK_ID, WORLD_SIZE={plan.size}): "
-            + " ".join(sbatch_line(plan, list(range(plan.size)), root, partition, account)))
+            + " ".join(sbatch_request(plan, list(range(plan.size)), root, partition, account).render()))
 
 
 def write_script(plan: ArrayPlan, spec: dict, root: Path) -> None:
@@ -120,8 +120,6 @@ def write_script(plan: ArrayPlan, spec: dict, root: Path) -> None:
 
 def wait_for_earlier(plan: ArrayPlan, status_command: str = "sacct", poll_seconds: float = 5.0) -> None:
     """Wait while an array of this stage from an earlier run is still queued or running."""
-    from mlrepro.slurm import client as slurm
-
     while live := [j.job_id for j in slurm.find_jobs(plan.job_name, status_command=status_command) if not j.terminal]:
         log.info("an earlier %s array is still in Slurm (%s); waiting for it", plan.stage, ", ".join(live[:5]))
         time.sleep(poll_seconds)
@@ -130,17 +128,15 @@ def wait_for_earlier(plan: ArrayPlan, status_command: str = "sacct", poll_second
 def run_slurm(plan: ArrayPlan, spec: dict, root: Path, indices: list[int], done: Callable[[int], bool],
               partition: str | None = None, account: str | None = None) -> None:
     """Submit `indices` as one array, wait for it, and check every task's output."""
-    from mlrepro.slurm import client as slurm
-
     if not indices:
         log.info("%s %s: every task's output is there; nothing submitted", plan.name, plan.stage)
         return
     write_script(plan, spec, root)
     Path(plan.log_pattern(root)).parent.mkdir(parents=True, exist_ok=True)
-    command = sbatch_line(plan, indices, root, partition, account)
-    log.info("submitting %d array task(s): %s", len(indices), " ".join(command))
+    request = sbatch_request(plan, indices, root, partition, account)
+    log.info("submitting %d array task(s): %s", len(indices), " ".join(request.render()))
     try:
-        proc = slurm.run_waiting(command, timeout=SBATCH_TIMEOUT_S)
+        proc = slurm.run_waiting(request, timeout=SBATCH_TIMEOUT_S)
     except slurm.SlurmError as exc:
         raise ArrayError(str(exc)) from None
     job_id = proc.stdout.strip().splitlines()[0].split(";")[0] if proc.stdout.strip() else "?"

@@ -10,15 +10,13 @@ from typing import Callable
 from mlrepro.config import System
 from mlrepro.launch import array, chain
 from mlrepro.launch.job import SeedPlan
+from mlrepro.launch.local import run_seed_local
+from mlrepro.launch.slurm import run_seed_slurm
 
 
 def backend(system_or_plan) -> Callable[[SeedPlan, System, Path], None]:
     """The function that runs one attempt of a seed on the scheduler of a plan (or system)."""
-    if system_or_plan.scheduler == "slurm":
-        from mlrepro.launch.slurm import run_seed_slurm as run
-    else:
-        from mlrepro.launch.local import run_seed_local as run
-    return run
+    return run_seed_slurm if system_or_plan.scheduler == "slurm" else run_seed_local
 
 
 def run_seed(plan: SeedPlan, system: System, run_log: Path) -> None:

@@ -24,10 +24,9 @@ from typing import Callable
 from mlrepro import paths
 from mlrepro.launch.job import SeedFailed, now, record_failure
 from mlrepro.formats import checkpoints
+from mlrepro.paths import SeedPaths
 from mlrepro.util.fsutil import atomic_write_json
 
-STATE = "segments.json"
-CHECKPOINTS = "checkpoints"
 SEGMENT_LINE = re.compile(r"\bsegment: (\{.*\})\s*$", re.MULTILINE)
 RUN_STOP = re.compile(r':::MLLOG .*"key": "run_stop"')
 
@@ -50,7 +49,7 @@ def limits(segments: dict | None, max_job_minutes: float | None) -> Limits | Non
 
 def run_env(lim: Limits, seed_dir: Path) -> dict[str, str]:
     """What the trainer is told: where to checkpoint, and the job's limit and margin."""
-    env = {"CHECKPOINT_DIR": str(seed_dir / CHECKPOINTS)}
+    env = {"CHECKPOINT_DIR": str(SeedPaths(seed_dir).checkpoints)}
     if lim.job_seconds:
         env.update(JOB_SECONDS=f"{lim.job_seconds:g}", MARGIN_SECONDS=f"{lim.margin_seconds:g}")
     return env
@@ -92,7 +91,7 @@ def finished(log_text: str) -> bool:
 
 def read_state(seed_dir: Path) -> dict:
     try:
-        state = json.loads((seed_dir / STATE).read_text())
+        state = json.loads(SeedPaths(seed_dir).segments.read_text())
     except (FileNotFoundError, ValueError):
         return {"segments": []}
     return state if isinstance(state.get("segments"), list) else {"segments": []}
@@ -113,8 +112,9 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
     `run_segment` launches one job and returns when it ends; an exception in `failures` (a failed
     or killed job) ends that segment, and the next one resumes from the last good checkpoint.
     """
+    files = SeedPaths(seed_dir)
     state = read_state(seed_dir)
-    folder = seed_dir / CHECKPOINTS
+    folder = files.checkpoints
     stalls = 0
     while True:
         before, started, started_at, error = _step(folder), time.monotonic(), now(), None
@@ -134,7 +134,7 @@ def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], li
             len(state["segments"]) + 1, said, started=started_at, ended=now(), from_step=before, to_step=after,
             wall_s=round(time.monotonic() - started, 3), status=None if said else "killed",
             error=str(error) if error else None))
-        atomic_write_json(seed_dir / STATE, state)
+        atomic_write_json(files.segments, state)
         if done:
             return state
         stalls = stalls + 1 if after <= before else 0
@@ -153,7 +153,7 @@ def take_back(seed_dir: Path, run_log: Path) -> bool:
     if said and any(said.get(key) is not None and last.get(key) != said[key] for key in FROM_LINE):
         state["segments"].append(_record(len(state["segments"]) + 1, said, to_step=said.get("to_step"),
                                          wall_s=said.get("wall_s")))
-        atomic_write_json(seed_dir / STATE, state)
+        atomic_write_json(SeedPaths(seed_dir).segments, state)
     return finished(text)
 
 
@@ -174,7 +174,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits) -> 
         try:
             launch_one(plan, system, run_log)
         except SeedFailed as exc:
-            failure = plan.seed_dir / "failure.json"
+            failure = SeedPaths(plan.seed_dir).failure
             why = (paths.read_json_if_exists(failure) or {}).get("state")
             if not exc.retry and why != "CANCELLED":
                 raise

@@ -14,6 +14,7 @@ import hashlib
 from pathlib import Path
 
 from mlrepro import paths
+from mlrepro.paths import SeedPaths
 from mlrepro.util.fsutil import atomic_write_json
 
 
@@ -47,7 +48,7 @@ def changed(seed_dir: Path, log: Path) -> str | None:
 
 def rerun_command(system, benchmark: str, seed_dir: Path) -> str:
     """The command that redoes one seed (its kept run taken back, or trained again)."""
-    target = paths.seed_files(benchmark, [int(seed_dir.name.split("_")[-1])], "mllog.txt")[0]
+    target = paths.seed_files(benchmark, [SeedPaths(seed_dir).seed], SeedPaths.MLLOG)[0]
     profile = "slurm" if system.scheduler == "slurm" else "local"
     # The target first: --forcerun and --config each take every word up to the next option.
     return (f"snakemake --profile profiles/{profile} results/{benchmark}/score.json --forcerun {target} "

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+from mlrepro.slurm import client as slurm
 from mlrepro.util import proctree
 
 RUN_MARKER = "MLREPRO_RUN_ID"
@@ -105,12 +107,8 @@ def stop_run(marker: str, workdir: Path, started: str, slurm_job: str = "") -> N
 def cancel_slurm_jobs(workdir: Path, started: str) -> None:
     """Cancel the stage jobs this run submitted through the executor plugin: nothing waits for them any
     more, and a rerun would race them."""
-    import shutil
-
     if shutil.which("squeue") is None:
         return
-    from mlrepro.slurm import client as slurm
-
     try:
         for job_id in slurm.live_jobs_in(workdir, submitted_since=started):
             with contextlib.suppress(slurm.SlurmError):

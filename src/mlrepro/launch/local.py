@@ -9,14 +9,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+import submitit
 
 from mlrepro import paths
 from mlrepro.config import System
 from mlrepro.launch.job import (
     RESERVE_BYTES,
-    RESERVE_NAME,
     Diverged,
     EarlyStopped,
     SeedFailed,
@@ -24,18 +26,20 @@ from mlrepro.launch.job import (
     diverged,
     early_stop_settled,
     io_failure,
-    next_attempt,
     now,
     private_folders,
     record_attempt,
     record_failure,
     run_env,
+    write_job,
 )
+from mlrepro.paths import JobRecord
 from mlrepro.preflight import gpus as node_gpus
-from mlrepro.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from mlrepro.preflight import quick
+from mlrepro.util import proctree, secrets
+from mlrepro.util.fsutil import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
-
 
 
 # What run_and_time returns when the wall-time ran out (as timeout(1) does).
@@ -60,10 +64,6 @@ def run_and_time(implementation_dir: str, env: dict, log_path: str, pid_file: st
     submitit or Snakemake), the wall-time (submitit's SIGUSR2) or the end of the run kills
     all of them, including ranks that torchrun started in sessions of their own.
     """
-    import threading
-
-    from mlrepro.util import proctree, secrets
-
     if cores:
         # A system with fewer cores (config/systems/local-slow.yaml): the run's processes inherit it.
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
@@ -177,12 +177,10 @@ def given_gpus(parent: str | None, gpus: int) -> dict[str, str]:
 def stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
     """Whatever an earlier attempt or a killed workflow left running would race the new
     attempt: stop it all, and start nothing while any of it is left."""
-    from mlrepro.util import proctree
-
-    job = paths.read_job(seed_dir) or {}
-    if job.get("scheduler") == "local" and job.get("host") == socket.gethostname():
+    job = paths.read_job(seed_dir)
+    if job is not None and job.scheduler == "local" and job.host == socket.gethostname():
         # The process that waited on that attempt (its workflow may be gone, it may not).
-        proctree.kill_process(int(job.get("owner_pid") or 0), job.get("owner_start"))
+        proctree.kill_process(int(job.owner_pid or 0), job.owner_start)
     try:
         stopped = proctree.kill(marker)
     except proctree.Survivors as exc:
@@ -194,25 +192,23 @@ def stop_earlier_attempts(seed_dir: Path, marker: str) -> None:
 
 
 def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
-    import submitit
-
-    from mlrepro.util import proctree
-
-    seed_dir = plan.seed_dir
+    seed_dir, files = plan.seed_dir, plan.files
     marker = proctree.seed_marker(seed_dir)  # every attempt's processes (stopped before a new attempt)
     try:
         seed_dir.mkdir(parents=True, exist_ok=True)
-        private_folders(seed_dir, *seed_dir.glob("attempt_*"), *seed_dir.glob(".submitit"))
+        private_folders(seed_dir, *(a.folder for a in files.attempts()),
+                        *([files.submitit] if files.submitit.exists() else []))
     except OSError as exc:
         io_failure(plan, exc)
     stop_earlier_attempts(seed_dir, marker)
-    attempt = next_attempt(seed_dir)
+    attempt = files.next_attempt()
     # What this attempt starts, stops and guards: an earlier attempt's watchdog (its workflow
     # SIGKILLed a moment ago) may still be at work, and must not take this attempt for its own.
     ours = proctree.attempt_marker(marker, attempt)
-    logdir = seed_dir / f"attempt_{attempt}"
-    attempt_log = logdir / "run.log"
-    reserve = seed_dir / RESERVE_NAME
+    here = files.attempt(attempt)
+    logdir = here.folder
+    attempt_log = here.run_log
+    reserve = files.failure_reserve
     watchdog = None
     started, t0, state = None, time.monotonic(), "FAILED"
     try:
@@ -220,7 +216,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         _reserve(reserve)
         attempt_log.write_text("")
         atomic_write_text(run_log, f"attempt {attempt} running; its log is {attempt_log}\n")
-        executor = submitit.LocalExecutor(folder=logdir / ".submitit", max_num_timeout=0)
+        executor = submitit.LocalExecutor(folder=here.submitit, max_num_timeout=0)
         gpus = plan.gpus_per_node if system.device == "cuda" else 0
         # The run is stopped (SIGUSR2) 5 s before submitit's own kill at the wall-time.
         executor.update_parameters(timeout_min=plan.walltime_minutes, gpus_per_node=gpus, tasks_per_node=1,
@@ -232,7 +228,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
         # submitit's controller and job inherit os.environ: with the marker they are the seed's too.
         with _environ(**{proctree.MARKER: ours}):
             job = executor.submit(run_and_time, str(plan.implementation_dir), env, str(attempt_log),
-                                  str(logdir / "run.pid"), system.cores)
+                                  str(here.pid_file), system.cores)
         _record_job(plan, int(job.job_id), attempt, logdir)
         started, t0, joules = now(), time.monotonic(), _energy(plan, system, env)
         record_attempt(logdir, attempt, "local", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, start=started,
@@ -263,7 +259,7 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
             # On a full or read-only disk submitit cannot even store the result: say so.
             _probe_writable(logdir)
             record_failure(seed_dir, f"launcher failed: {str(exc).splitlines()[0]}", state="FAILED", attempt=attempt)
-            raise SeedFailed(f"seed {plan.seed}: launcher failed; see {logdir / '.submitit'}") from None
+            raise SeedFailed(f"seed {plan.seed}: launcher failed; see {here.submitit}") from None
         finally:
             _take_log(attempt_log, run_log)
     except OSError as exc:
@@ -284,8 +280,6 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
 def _wait_or_stop(job, plan: SeedPlan, marker: str) -> str | None:
     """Wait for the attempt; why it was cancelled meanwhile ("stopped": the early stop settled the
     reproduction; "diverged: ...": its evaluations left the reference band), or None."""
-    from mlrepro.util import proctree
-
     while not job.done():
         gone = diverged(plan)
         why = "stopped" if early_stop_settled(plan) else (gone.get("reason") or "diverged") if gone is not None else None
@@ -300,8 +294,6 @@ def _wait_or_stop(job, plan: SeedPlan, marker: str) -> str | None:
 
 def preflight_failed(log_path: Path) -> bool:
     """The quick preflight inside the allocation (mlrepro.preflight.quick); True when this node failed it."""
-    from mlrepro.preflight import quick
-
     try:
         _, why = quick.check(log_path.parent)
     except OSError:
@@ -314,29 +306,20 @@ def preflight_failed(log_path: Path) -> bool:
 
 def preflight_reason(logdir: Path) -> str | None:
     """Why the attempt's quick preflight failed its node (exit 126 is also bash's "cannot execute")."""
-    from mlrepro.preflight import quick
-
     host = paths.read_json_if_exists(logdir / quick.RECORD)
     return quick.reason(host) if host else None
 
 
 def _record_job(plan: SeedPlan, controller_pid: int, attempt: int, logdir: Path) -> None:
     """job.json of a local attempt: who waits on it (to stop it after a crash) and where it logs."""
-    from mlrepro.util import proctree
-
-    atomic_write_json(
-        plan.seed_dir / "job.json",
-        {"scheduler": "local", "host": socket.gethostname(), "controller_pid": controller_pid,
-         "owner_pid": os.getpid(), "owner_start": proctree.start_time(os.getpid()), "attempt": attempt,
-         "logdir": str(logdir), "submitted": now(), "ranks": plan.ranks,
-         "walltime_minutes": plan.walltime_minutes},
-    )
+    write_job(plan.seed_dir, JobRecord(
+        scheduler="local", host=socket.gethostname(), controller_pid=controller_pid, owner_pid=os.getpid(),
+        owner_start=proctree.start_time(os.getpid()), attempt=attempt, logdir=logdir, submitted=now(),
+        ranks=plan.ranks, walltime_minutes=plan.walltime_minutes))
 
 
 def _check_exit(plan: SeedPlan, rc: int, attempt: int, attempt_log: Path, run_log: Path) -> None:
     """Fail the seed, with its reason recorded, unless run_and_time ended with 0."""
-    from mlrepro.preflight import quick
-
     if rc == LOG_WRITE_EXIT:
         try:
             _probe_writable(attempt_log.parent)
@@ -362,8 +345,6 @@ def _take_log(attempt_log: Path, run_log: Path) -> None:
     """The rule's run.log becomes the attempt's own log (each attempt keeps its own in attempt_K/)."""
     with contextlib.suppress(OSError):
         atomic_write_bytes(run_log, attempt_log.read_bytes())
-
-
 
 
 def _reserve(path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -21,10 +22,13 @@ from mlrepro.launch.job import (
     record_attempt,
     record_failure,
     run_env,
+    write_job,
 )
+from mlrepro.paths import AttemptPaths, JobRecord
+from mlrepro.preflight import quick
+from mlrepro.slurm import client as slurm
 from mlrepro.slurm import node_health
 from mlrepro.util import secrets
-from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +39,18 @@ NODE_SUSPECT_STATES = {"NODE_FAIL", "FAILED", "OUT_OF_MEMORY"}
 
 def _container_image(plan: SeedPlan) -> str:
     """What run.sub gets as CONT: the .sqsh, the pushed or built image, or `none` to run on the host."""
-    root = plan.seed_dir.parents[2]  # seed_dir is <root>/results/<benchmark>/seed_<N> (paths.seed_dir)
-    record = paths.read_container(root, plan.benchmark)
+    record = paths.read_container(plan.files.root, plan.benchmark)
     return paths.container_image(record, pushed=True) or "none"
 
 
 def bad_nodes_file(plan: SeedPlan, system: System) -> Path:
-    return node_health.bad_nodes_file(plan.seed_dir.parents[2], system.name)
+    return node_health.bad_nodes_file(plan.files.root, system.name)
 
 
-def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
-    from mlrepro.preflight import quick
-    from mlrepro.slurm import client as slurm
-
+def _submit(plan: SeedPlan, system: System, attempt: int) -> JobRecord:
     seed_dir = plan.seed_dir
-    logdir = seed_dir / f"attempt_{attempt}"
+    here = plan.files.attempt(attempt)
+    logdir = here.folder
     logdir.mkdir(parents=True, exist_ok=True)
     suspects = sorted(set((paths.read_failure(seed_dir) or {}).get("suspect_nodes", [])))
     # srun runs the quick preflight on each node before its first rank (run.sub itself stays NVIDIA's).
@@ -58,9 +59,9 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
     # The nodes found bad by any earlier seed of the reproduction, then this seed's own suspects.
     base = node_health.exclude_list(system.exclude_nodes, bad_nodes_file(plan, system))
     exclude = base + tuple(n for n in suspects if n not in base)
-    command = slurm.for_attempt(plan.sbatch, exclude=exclude, output=logdir / "slurm-%j.out", workdir=logdir)
+    request = dataclasses.replace(plan.sbatch, exclude=exclude, output=here.slurm_output, workdir=logdir)
     try:
-        job_id = slurm.submit_command(command, env=env, job_name=plan.job_name)
+        job_id = slurm.submit_request(request, env=env)
     except slurm.SlurmError as exc:
         if tuple(exclude) == tuple(system.exclude_nodes):
             raise
@@ -68,45 +69,36 @@ def _submit(plan: SeedPlan, system: System, attempt: int) -> dict:
         log.warning("seed %d: cannot exclude %s (%s); submitting without", plan.seed,
                     ",".join(n for n in exclude if n not in system.exclude_nodes), exc)
         exclude = tuple(system.exclude_nodes)
-        command = slurm.for_attempt(plan.sbatch, exclude=exclude, output=logdir / "slurm-%j.out", workdir=logdir)
-        job_id = slurm.submit_command(command, env=env, job_name=plan.job_name)
-    job = {
-        "scheduler": "slurm",
-        "job_id": job_id,
-        "attempt": attempt,
-        "logdir": str(logdir),
-        "exclude": list(exclude),
-        "sbatch": command,
-        "submitted": now(),
-    }
-    atomic_write_json(seed_dir / "job.json", job)
+        request = dataclasses.replace(request, exclude=exclude)
+        job_id = slurm.submit_request(request, env=env)
+    job = JobRecord(scheduler="slurm", job_id=job_id, attempt=attempt, logdir=logdir, exclude=tuple(exclude),
+                    sbatch=tuple(request.render()), submitted=now())
+    write_job(seed_dir, job)
     log.info("seed %d: submitted Slurm job %s (attempt %d)", plan.seed, job_id, attempt)
     return job
 
 
-def _attach_or_submit(plan: SeedPlan, system: System) -> tuple[dict, bool]:
+def _attach_or_submit(plan: SeedPlan, system: System) -> tuple[JobRecord, bool]:
     """The seed's Slurm job to wait for: a live or finished-unread one from before, else a new one;
     and whether it had ended before this invocation looked (then a scancel of it was made while an
     earlier invocation ran, and running the workflow again is what runs the seed again)."""
-    from mlrepro.slurm import client as slurm
-
     job = paths.read_job(plan.seed_dir)
-    if job and job.get("scheduler") == "slurm":
-        info = slurm.job_info(job["job_id"], status_command=system.slurm_status_command)
+    if job is not None and job.scheduler == "slurm":
+        info = slurm.job_info(job.job_id, status_command=system.slurm_status_command)
         # UNKNOWN: Slurm has forgotten the job (purged from accounting); it cannot be waited for.
-        if info.state != "UNKNOWN" and (not slurm.is_terminal(info.state) or not job.get("collected")):
-            log.info("seed %d: re-attaching to Slurm job %s (%s)", plan.seed, job["job_id"], info.state)
+        if info.state != "UNKNOWN" and (not slurm.is_terminal(info.state) or not job.collected):
+            log.info("seed %d: re-attaching to Slurm job %s (%s)", plan.seed, job.job_id, info.state)
             return job, slurm.is_terminal(info.state)
+    attempt = (job.attempt if job is not None and job.attempt else 0) + 1
     # A job submitted just before the workflow died may not have reached job.json.
     for live in slurm.find_jobs(plan.job_name, status_command=system.slurm_status_command):
-        if not live.terminal and (job is None or live.job_id != job.get("job_id")):
+        if not live.terminal and (job is None or live.job_id != job.job_id):
             log.info("seed %d: re-attaching to unrecorded Slurm job %s", plan.seed, live.job_id)
-            attempt = (job or {}).get("attempt", 0) + 1
-            logdir = plan.seed_dir / f"attempt_{attempt}"
-            job = {"scheduler": "slurm", "job_id": live.job_id, "attempt": attempt, "logdir": str(logdir), "submitted": None}
-            atomic_write_json(plan.seed_dir / "job.json", job)
+            job = JobRecord(scheduler="slurm", job_id=live.job_id, attempt=attempt,
+                            logdir=plan.files.attempt(attempt).folder, submitted=None)
+            write_job(plan.seed_dir, job)
             return job, False
-    return _submit(plan, system, attempt=(job or {}).get("attempt", 0) + 1), False
+    return _submit(plan, system, attempt=attempt), False
 
 
 def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
@@ -117,15 +109,13 @@ def run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
 
 
 def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
-    from mlrepro.slurm import client as slurm
-
     seed_dir = plan.seed_dir
     seed_dir.mkdir(parents=True, exist_ok=True)
     job, ended_before = _attach_or_submit(plan, system)
-    logdir = Path(job["logdir"])
-    logdir.mkdir(parents=True, exist_ok=True)
-    record_attempt(logdir, job["attempt"], "slurm", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
-                   start=job.get("submitted"), job_id=job["job_id"], state="PENDING", device=system.device)
+    here = AttemptPaths(job.logdir)
+    here.folder.mkdir(parents=True, exist_ok=True)
+    record_attempt(here.folder, job.attempt, "slurm", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+                   start=job.submitted, job_id=job.job_id, state="PENDING", device=system.device)
     stopped = []
 
     def settled() -> bool:
@@ -135,82 +125,73 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
             stopped.append(gone.get("reason") or "diverged")
         return bool(stopped)
 
-    info = slurm.wait(job["job_id"], poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command,
+    info = slurm.wait(job.job_id, poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command,
                       stop=settled)
     _record_cost(plan, job, info, system.device)
     # The job's own logs are redacted in place as soon as it ends; run.log is made from them.
-    for written in Path(job["logdir"]).glob("*"):
+    for written in here.folder.glob("*"):
         if written.is_file() and written.suffix in (".log", ".out", ".txt"):
             with contextlib.suppress(OSError):
                 secrets.redact_file(written)
-    logs = sorted(Path(job["logdir"]).glob("*_1.log"))
+    logs = here.run_sub_logs()
     run_log.write_text("".join(p.read_text(errors="replace") for p in logs) if logs else "")
-    atomic_write_json(
-        seed_dir / "job.json",
-        {**job, "collected": now(), "state": info.state, "end": info.end, "elapsed_s": info.elapsed_seconds,
-         "nodes": list(info.nodes)},
-    )
+    write_job(seed_dir, dataclasses.replace(job, collected=now(), state=info.state, end=info.end,
+                                            elapsed_s=info.elapsed_seconds, nodes=tuple(info.nodes)))
     if stopped and stopped[0] != "stopped" and info.state != "COMPLETED":
-        record_failure(seed_dir, stopped[0], state="DIVERGED", job_id=job["job_id"], attempt=job["attempt"])
-        raise Diverged(f"seed {plan.seed}: Slurm job {job['job_id']} cancelled, {stopped[0]}")
+        record_failure(seed_dir, stopped[0], state="DIVERGED", job_id=job.job_id, attempt=job.attempt)
+        raise Diverged(f"seed {plan.seed}: Slurm job {job.job_id} cancelled, {stopped[0]}")
     if stopped and info.state != "COMPLETED":
-        record_failure(seed_dir, f"early stop: Slurm job {job['job_id']} cancelled, the reproduction is settled",
-                       state="STOPPED", job_id=job["job_id"], attempt=job["attempt"])
-        raise EarlyStopped(f"seed {plan.seed}: Slurm job {job['job_id']} cancelled by the early stop")
+        record_failure(seed_dir, f"early stop: Slurm job {job.job_id} cancelled, the reproduction is settled",
+                       state="STOPPED", job_id=job.job_id, attempt=job.attempt)
+        raise EarlyStopped(f"seed {plan.seed}: Slurm job {job.job_id} cancelled by the early stop")
     bad = _bad_nodes(plan, system, job, info, run_log)
     if info.state != "COMPLETED" or bad:
         previous = (paths.read_failure(seed_dir) or {}).get("suspect_nodes", [])
         suspects = sorted(set(previous) | set(bad) | (set(info.nodes) if info.state in NODE_SUSPECT_STATES else set()))
         why = "; ".join(bad.values()) if bad else (
-            f"Slurm job {job['job_id']} ended {info.state}" + (f" (exit code {info.exit_code})" if info.exit_code else ""))
+            f"Slurm job {job.job_id} ended {info.state}" + (f" (exit code {info.exit_code})" if info.exit_code else ""))
         record_failure(
             seed_dir, why, state="PREFLIGHT_FAILED" if bad and info.state != "NODE_FAIL" else info.state,
-            exit_code=info.exit_code, job_id=job["job_id"], nodes=list(info.nodes),
-            suspect_nodes=suspects, attempt=job["attempt"],
+            exit_code=info.exit_code, job_id=job.job_id, nodes=list(info.nodes),
+            suspect_nodes=suspects, attempt=job.attempt,
         )
         raise SeedFailed(
-            f"seed {plan.seed}: Slurm job {job['job_id']} ended {info.state}; see {job['logdir']}",
+            f"seed {plan.seed}: Slurm job {job.job_id} ended {info.state}; see {job.logdir}",
             retry=info.state != "CANCELLED" or ended_before,
         )
     if not logs:
-        record_failure(seed_dir, f"Slurm job {job['job_id']} wrote no run log in {job['logdir']}", state="NO_LOG", job_id=job["job_id"])
-        raise SeedFailed(f"seed {plan.seed}: no run log in {job['logdir']}")
+        record_failure(seed_dir, f"Slurm job {job.job_id} wrote no run log in {job.logdir}", state="NO_LOG", job_id=job.job_id)
+        raise SeedFailed(f"seed {plan.seed}: no run log in {job.logdir}")
 
 
-
-def _record_cost(plan: SeedPlan, job: dict, info, device: str) -> None:
+def _record_cost(plan: SeedPlan, job: JobRecord, info, device: str) -> None:
     """attempt.json from sacct's own record of the job (elapsed, nodes, state), what the cost adds up."""
-    from mlrepro.slurm import client as slurm
-
-    acct = slurm.accounting(job["job_id"]) if info.source != "sacct" else info
+    acct = slurm.accounting(job.job_id) if info.source != "sacct" else info
     acct = acct or info
-    record_attempt(Path(job["logdir"]), job["attempt"], "slurm", nodes=len(acct.nodes) or plan.nodes,
+    record_attempt(job.logdir, job.attempt, "slurm", nodes=len(acct.nodes) or plan.nodes,
                    gpus_per_node=plan.gpus_per_node, start=acct.start, end=acct.end,
-                   elapsed_s=acct.elapsed_seconds, state=acct.state, job_id=str(job["job_id"]),
+                   elapsed_s=acct.elapsed_seconds, state=acct.state, job_id=str(job.job_id),
                    node_names=acct.nodes, energy_j=acct.energy_j, source=acct.source or "sacct", device=device)
 
 
-def _bad_nodes(plan: SeedPlan, system: System, job: dict, info, run_log: Path) -> dict[str, str]:
+def _bad_nodes(plan: SeedPlan, system: System, job: JobRecord, info, run_log: Path) -> dict[str, str]:
     """The nodes this attempt found bad (its quick preflight, a node failure, a GPU error), each recorded
     for the whole reproduction so that every later seed excludes it."""
-    from mlrepro.preflight import quick
-    from mlrepro.slurm import client as slurm
-
-    found = dict(quick.failed_nodes(Path(job["logdir"])))
+    found = dict(quick.failed_nodes(job.logdir))
     text = run_log.read_text(errors="replace") if run_log.is_file() else ""
     if info.state != "COMPLETED" and (why := node_health.node_side(info.state, text)) and not found:
         down = slurm.out_of_service(info.nodes) if info.state in node_health.NODE_STATES else None
         found = node_health.blamed(info.nodes, why, down)
     new = [node for node, why in found.items()
            if node_health.record(bad_nodes_file(plan, system), node, why, benchmark=plan.benchmark, seed=plan.seed,
-                                 attempt=job["attempt"], job_id=str(job["job_id"]),
+                                 attempt=job.attempt, job_id=str(job.job_id),
                                  source="preflight" if "preflight" in why else "job")]
     for node in new:
         log.warning("seed %d: node %s is bad (%s); every later seed excludes it", plan.seed, node, found[node])
     if new:
         # Seeds queued already would still start on it: their pending jobs exclude it too.
         try:
-            queued = slurm.exclude_from_pending(plan.seed_dir.parents[1], new)  # results/: every benchmark's seeds
+            queued = slurm.exclude_from_pending(plan.files.results_dir, new)  # every benchmark's seeds
         except slurm.SlurmError as exc:
             log.warning("seed %d: the queued seeds could not be kept off %s: %s", plan.seed, ",".join(new), exc)
         else:

@@ -10,10 +10,11 @@ says it). The ETA is the steps left to the last step at the mean of the recent i
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
+
+from mlrepro import paths
 
 MINI = re.compile(r"progress: step (\d+)/(\d+) tokens (\d+) loss ([-\d.eE+naif]+) iter_s ([\d.eE+-]+)")
 MEGATRON = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?consumed samples:\s+(\d+) \|"
@@ -49,20 +50,16 @@ def _tail(path: Path) -> str:
 
 def live(seed_dir: Path) -> dict | None:
     """The progress of the seed's current attempt (its job.json's logdir), or None."""
-    try:
-        job = json.loads((seed_dir / "job.json").read_text())
-    except (OSError, ValueError):
+    job = paths.read_job(seed_dir)
+    if job is None or job.logdir is None or not job.logdir.is_dir():
         return None
-    logdir = Path(job.get("logdir") or "")
-    if not job.get("logdir") or not logdir.is_dir():
+    log = paths.AttemptPaths(job.logdir).newest_log()
+    if log is None:
         return None
-    logs = sorted((p for p in logdir.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
-    if not logs:
-        return None
-    found = parse(_tail(logs[-1]))
+    found = parse(_tail(log))
     if found is not None:
-        found["segment"] = job.get("attempt")
-        found["age_s"] = round(time.time() - logs[-1].stat().st_mtime, 1)
+        found["segment"] = job.attempt
+        found["age_s"] = round(time.time() - log.stat().st_mtime, 1)
     return found
 
 

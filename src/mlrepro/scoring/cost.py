@@ -25,19 +25,17 @@ On a CPU system a "GPU" is a rank (one core each), and the unit reads CPU-hours.
 from __future__ import annotations
 
 import datetime as dt
-import re
 import statistics
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from mlrepro import paths
+from mlrepro.paths import JobRecord, SeedPaths
 
-ATTEMPT_RECORD = "attempt.json"  # paths.attempt_record
 COMPLETED = "COMPLETED"
 RUNNING = "RUNNING"
 # Not ended: neither spent in full nor failed (a pending Slurm job costs nothing yet).
 LIVE = {RUNNING, "PENDING"}
-_ATTEMPT_DIR = re.compile(r"^attempt_(\d+)$")
 
 
 def unit(device: str | None) -> str:
@@ -88,30 +86,30 @@ def _folder_times(folder: Path) -> tuple[dt.datetime, dt.datetime] | None:
     return utc(min(times)), utc(max(times))
 
 
-def _estimated(folder: Path, number: int, job: dict, failure: dict, gpus_per_node: int,
+def _estimated(folder: Path, number: int, job: JobRecord, failure: dict, gpus_per_node: int,
                now: dt.datetime) -> dict | None:
     """An attempt without attempt.json (a seed folder from before it existed)."""
-    current = job.get("attempt") == number
+    current = job.attempt == number
     span = _folder_times(folder)
-    if current and job.get("scheduler") == "slurm" and job.get("elapsed_s") is not None:
-        nodes = job.get("nodes") or []
+    if current and job.scheduler == "slurm" and job.elapsed_s is not None:
+        nodes = list(job.nodes or ())
         return {**attempt_record(number, "slurm", nodes=len(nodes) or 1, gpus_per_node=gpus_per_node,
-                                 start=job.get("submitted"), end=job.get("end"), elapsed_s=float(job["elapsed_s"]),
-                                 state=job.get("state") or "UNKNOWN", job_id=job.get("job_id"), node_names=nodes,
-                                 source="job.json"), "estimated": False}
+                                 start=job.submitted, end=job.end, elapsed_s=float(job.elapsed_s),
+                                 state=job.state or "UNKNOWN", job_id=job.job_id, node_names=nodes,
+                                 source=SeedPaths.JOB), "estimated": False}
     if span is None:
         return None
-    start = _parse_time(job.get("submitted")) if current else None
+    start = _parse_time(job.submitted) if current else None
     start = start or span[0]
     end = span[1]
     failed_here = failure.get("attempt") == number
     state = failure.get("state", "FAILED") if failed_here else (
-        COMPLETED if (folder.parent / "mllog.txt").exists() and current else "UNKNOWN")
-    ranks = job.get("ranks") if current and job.get("scheduler") == "local" else None
-    return {**attempt_record(number, job.get("scheduler") or "local", nodes=1,
+        COMPLETED if SeedPaths(folder.parent).mllog.exists() and current else "UNKNOWN")
+    ranks = job.ranks if current and job.scheduler == "local" else None
+    return {**attempt_record(number, job.scheduler or "local", nodes=1,
                              gpus_per_node=ranks or gpus_per_node, start=_iso(start), end=_iso(end),
                              elapsed_s=max((end - start).total_seconds(), 0.0), state=state,
-                             job_id=str(job.get("job_id") or "") or None if current else None,
+                             job_id=job.job_id or None if current else None,
                              source="folder times"), "estimated": True}
 
 
@@ -121,15 +119,12 @@ def seed_attempts(seed_folder: Path, gpus_per_node: int, now: dt.datetime | None
     A running attempt (attempt.json says RUNNING with no end) counts up to `now`.
     """
     now = now or dt.datetime.now(dt.timezone.utc)
-    job = paths.read_job(seed_folder) or {}
+    job = paths.read_job(seed_folder) or JobRecord()
     failure = paths.read_failure(seed_folder) or {}
     found = []
-    for child in sorted(seed_folder.glob("attempt_*")):
-        m = _ATTEMPT_DIR.match(child.name)
-        if not m or not child.is_dir():
-            continue
-        number = int(m.group(1))
-        record = paths.read_json_if_exists(paths.attempt_record(child))
+    for here in SeedPaths(seed_folder).attempts():
+        child, number = here.folder, here.number
+        record = paths.read_json_if_exists(here.record)
         if record is not None:
             record = dict(record)
             if record.get("state") == RUNNING and not record.get("end") and (s := _parse_time(record.get("start"))):
@@ -172,8 +167,9 @@ def benchmark_cost(benchmark_folder: Path, gpus_per_node: int, plan: dict | None
     """Spent (per seed and in all) beside planned, for score.json, summary.csv, the reports and status."""
     per_seed = {}
     for seed, folder in sorted(paths.seed_dirs(Path(benchmark_folder)).items()):
+        files = SeedPaths(folder)
         per_seed[seed] = {**seed_cost(seed_attempts(folder, gpus_per_node, now)),
-                          "done": (folder / "mllog.txt").exists(), "stopped": paths.stopped_file(folder).exists()}
+                          "done": files.mllog.exists(), "stopped": files.stopped.exists()}
     return {**total(per_seed.values()), "seeds": {str(k): v for k, v in per_seed.items()}, "planned": plan}
 
 

@@ -52,10 +52,11 @@ def finished_runs(root: Path, benchmark: str, rules) -> dict[int, dict]:
 
     out = {}
     for seed, folder in sorted(paths.seed_dirs(paths.benchmark_dir(root, benchmark)).items()):
-        run_json = paths.read_json_if_exists(folder / "run.json")
-        if is_stopped(folder) or not (folder / "mllog.txt").is_file():
+        files = paths.SeedPaths(folder)
+        run_json = paths.read_json_if_exists(files.run_json)
+        if is_stopped(folder) or not files.mllog.is_file():
             continue
-        out[seed] = run_json or score.score_run(folder / "mllog.txt", rules, run_compliance=False, seed=seed)
+        out[seed] = run_json or score.score_run(files.mllog, rules, run_compliance=False, seed=seed)
     return out
 
 
@@ -99,7 +100,7 @@ def evaluate(root: Path, bench: Any, system: Any, rules, gpus_per_node: int, dev
     if not decision["stop"]:
         return None
     bench_dir = paths.benchmark_dir(root, bench.name)
-    spent = [cost.seed_cost(cost.seed_attempts(bench_dir / f"seed_{s}", gpus_per_node))["gpu_hours"]
+    spent = [cost.seed_cost(cost.seed_attempts(paths.SeedPaths.under(bench_dir, s).folder, gpus_per_node))["gpu_hours"]
              for s in finished]
     saved = cost.saved_by_stopping(spent, bench.required_runs - len(seen))
     unit = cost.unit(device)
@@ -134,11 +135,10 @@ def reference_curves(root: Path, bench: Any, rules) -> list:
 
 def live_log(seed_folder: Path) -> Path | None:
     """The log the seed's newest attempt is writing: run.log locally, run.sub's <stamp>_1.log on Slurm."""
-    attempts = sorted(Path(seed_folder).glob("attempt_*"), key=lambda p: int(p.name.split("_")[1])
-                      if p.name.split("_")[1].isdigit() else -1)
+    attempts = paths.SeedPaths(seed_folder).attempts()
     if not attempts:
         return None
-    logs = sorted(attempts[-1].glob("*_1.log")) or [attempts[-1] / "run.log"]
+    logs = attempts[-1].run_sub_logs() or [attempts[-1].run_log]
     return logs[-1] if logs[-1].is_file() else None
 
 

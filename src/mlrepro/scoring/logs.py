@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from mlrepro.paths import SeedPaths
 from mlrepro.scoring import megatron_log
 from mlrepro.scoring.mllog import contains_mllog
 
@@ -53,8 +54,8 @@ def _logs_in_dir(root: Path) -> list[Path]:
         if results:
             dirnames[:] = []
             chosen = sorted(results, key=lambda n: (len(n), n))
-        elif "mllog.txt" in names:
-            chosen = ["mllog.txt"]
+        elif SeedPaths.MLLOG in names:  # a seed folder: its mllog.txt alone (run.log beside it holds the same lines)
+            chosen = [SeedPaths.MLLOG]
         else:
             chosen = [n for n in names if Path(n).suffix.lower() in _LOG_SUFFIXES]
         out.extend(Path(dirpath) / n for n in chosen

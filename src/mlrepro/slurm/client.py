@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import os
+import pwd
 import subprocess
 import time
 from pathlib import Path
@@ -75,110 +76,144 @@ def _run(command: list[str], env: Mapping[str, object] | None = None, *, check: 
 # ---------------------------------------------------------------- submit
 
 
-def run_waiting(command: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess:
-    """An sbatch command line with --wait, run to its end: its exit status and output are the
-    caller's to judge (a job array's tasks are checked by their outputs, not by sbatch's status)."""
-    return _run(list(command), check=False, timeout=timeout)
+# sbatch's options a request sets, in the order they stand on the line (before its extra arguments).
+_OPTIONS = (("job_name", "--job-name"), ("nodes", "--nodes"), ("time_minutes", "--time"),
+            ("partition", "--partition"), ("account", "--account"), ("exclude", "--exclude"),
+            ("output", "--output"), ("workdir", "--chdir"), ("signal", "--signal"))
+# Always on the line: the job's settings travel in the environment (--export=ALL), as run.sub expects;
+# --no-requeue: mlrepro retries a failed seed itself, as a new attempt in its own folder and away from
+# the nodes it failed on. A job Slurm requeued after NODE_FAIL would instead run again into the same
+# folder (its first run's log beside the second: one seed, two runs).
+_FIXED = ("--parsable", "--export=ALL", "--no-requeue")
 
 
-def sbatch_command(
-    batch_script: str | os.PathLike,
-    *,
-    nodes: int | None = None,
-    time_minutes: float | None = None,
-    partition: str | None = None,
-    account: str | None = None,
-    exclude: Iterable[str] = (),
-    job_name: str | None = None,
-    output: str | os.PathLike | None = None,
-    extra_args: Sequence[str] = (),
-    workdir: str | os.PathLike | None = None,
-    script_args: Sequence[str] = (),
-) -> list[str]:
-    """The sbatch command line: built once for a seed's plan, then run as is (`submit_command`).
+@dataclasses.dataclass(frozen=True)
+class SbatchRequest:
+    """One sbatch submission as fields: a seed's plan holds one, and each attempt replaces the fields
+    that are its own (dataclasses.replace: exclude, output, workdir); `render` is the command line.
 
-    Settings for the job travel in the environment (--export=ALL), as run.sub
-    expects, so they are not part of this line.
+    Settings for the job travel in the environment (--export=ALL), as run.sub expects, so they are
+    not part of the request.
     """
-    # --no-requeue: mlrepro retries a failed seed itself, as a new attempt in its own folder and
-    # away from the nodes it failed on. A job Slurm requeued after NODE_FAIL would instead run
-    # again into the same folder (its first run's log beside the second: one seed, two runs).
-    command = ["sbatch", "--parsable", "--export=ALL", "--no-requeue"]
-    if job_name:
-        command.append(f"--job-name={job_name}")
-    if nodes is not None:
-        if int(nodes) < 1:
-            raise ValueError(f"nodes must be at least 1, not {nodes}")
-        command.append(f"--nodes={int(nodes)}")
-    if time_minutes is not None:
-        if time_minutes <= 0:
-            raise ValueError(f"time_minutes must be positive, not {time_minutes}")
-        command.append(f"--time={math.ceil(time_minutes)}")
-    if partition:
-        command.append(f"--partition={partition}")
-    if account:
-        command.append(f"--account={account}")
-    excluded = sorted({str(n) for n in exclude if str(n).strip()})
-    if excluded:
-        command.append(f"--exclude={','.join(excluded)}")
-    if output:
-        command.append(f"--output={output}")
-    if workdir:
-        command.append(f"--chdir={workdir}")
-    command += [str(a) for a in extra_args]
-    command.append(str(batch_script))
-    command += [str(a) for a in script_args]
-    return command
+
+    script: str
+    nodes: int | None = None
+    time_minutes: float | None = None
+    partition: str | None = None
+    account: str | None = None
+    exclude: tuple[str, ...] = ()
+    job_name: str | None = None
+    output: str | None = None
+    workdir: str | None = None
+    signal: str | None = None  # --signal, e.g. "B:USR1@120" (none by default)
+    extra_args: tuple[str, ...] = ()  # sbatch options that have no field (an array's --array, --wait, ...)
+    script_args: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.nodes is not None and int(self.nodes) < 1:
+            raise ValueError(f"nodes must be at least 1, not {self.nodes}")
+        if self.time_minutes is not None and self.time_minutes <= 0:
+            raise ValueError(f"time_minutes must be positive, not {self.time_minutes}")
+        # Paths and lists are kept as the strings and tuples the line and plan.json hold: a request
+        # read back from plan.json is then equal to the one that was written.
+        normal = {"script": str(self.script), "exclude": tuple(sorted({str(n) for n in self.exclude if str(n).strip()})),
+                  "extra_args": tuple(str(a) for a in self.extra_args),
+                  "script_args": tuple(str(a) for a in self.script_args)}
+        normal |= {key: str(getattr(self, key)) for key in ("output", "workdir") if getattr(self, key) is not None}
+        for key, value in normal.items():
+            object.__setattr__(self, key, value)
+
+    def _value(self, field: str) -> str | None:
+        value = getattr(self, field)
+        if field == "nodes":
+            return None if value is None else str(int(value))
+        if field == "time_minutes":
+            return None if value is None else str(math.ceil(value))
+        if field == "exclude":
+            return ",".join(value) or None
+        return value or None
+
+    def render(self) -> list[str]:
+        """The sbatch command line (run as is by `submit_request`)."""
+        command = ["sbatch", *_FIXED]
+        for field, option in _OPTIONS:
+            if (value := self._value(field)) is not None:
+                command.append(f"{option}={value}")
+        return [*command, *self.extra_args, self.script, *self.script_args]
+
+    def to_json(self) -> dict:
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, record: dict | Sequence[str]) -> SbatchRequest:
+        """A request as `to_json` wrote it, or a rendered line (what plan.json held before requests)."""
+        if not isinstance(record, dict):
+            return cls.from_argv(record)
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in names})
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> SbatchRequest:
+        """The request a rendered line came from (options without a field are kept as extra_args)."""
+        argv = [str(a) for a in argv]
+        if argv[:1] != ["sbatch"]:
+            raise ValueError(f"not an sbatch line: {argv[:3]}")
+        fields = dict((option, field) for field, option in _OPTIONS)
+        found: dict = {"extra_args": []}
+        at = 1
+        while at < len(argv) and argv[at].startswith("-"):
+            option, _, value = argv[at].partition("=")
+            field = fields.get(option)
+            if field in ("nodes", "time_minutes"):
+                found[field] = int(value)
+            elif field == "exclude":
+                found[field] = tuple(value.split(","))
+            elif field is not None:
+                found[field] = value
+            elif argv[at] not in _FIXED:
+                found["extra_args"].append(argv[at])
+            at += 1
+        if at == len(argv):
+            raise ValueError(f"an sbatch line without its batch script: {argv}")
+        return cls(script=argv[at], script_args=tuple(argv[at + 1:]), **found)
+
+
+def run_waiting(request: SbatchRequest, *, timeout: float) -> subprocess.CompletedProcess:
+    """An sbatch request with --wait, run to its end: its exit status and output are the caller's to
+    judge (a job array's tasks are checked by their outputs, not by sbatch's status)."""
+    return _run(request.render(), check=False, timeout=timeout)
 
 
 def submit(batch_script: str | os.PathLike, *, env: Mapping[str, object] | None = None, **options) -> str:
-    """Submit `batch_script` with sbatch and return the job id.
+    """Submit `batch_script` with sbatch and return the job id (`options`: the fields of SbatchRequest).
 
     `env` is added to this process's environment and exported to the job; a
     refusal (bad partition, too many nodes, ...) raises SlurmError with Slurm's
     message.
     """
-    return submit_command(sbatch_command(batch_script, **options), env=env, job_name=options.get("job_name"))
+    return submit_request(SbatchRequest(script=batch_script, **options), env=env)
 
 
-def _script_index(command: Sequence[str]) -> int:
-    """Where the batch script stands in an sbatch_command line (after sbatch's own options)."""
-    return next(i for i, arg in enumerate(command) if i > 0 and not arg.startswith("-"))
-
-
-def for_attempt(command: Sequence[str], *, exclude: Iterable[str] = (), output: str | os.PathLike | None = None,
-                workdir: str | os.PathLike | None = None) -> list[str]:
-    """An sbatch_command line (a plan's) with one attempt's --exclude, --output and --chdir set in place of its own."""
-    at = _script_index(command)
-    ours = ("--exclude=", "--output=", "--chdir=")
-    options = [arg for arg in command[:at] if not arg.startswith(ours)]
-    excluded = sorted({str(n) for n in exclude if str(n).strip()})
-    options += [f"--exclude={','.join(excluded)}"] if excluded else []
-    options += [f"--output={output}"] if output else []
-    options += [f"--chdir={workdir}"] if workdir else []
-    return [*options, *command[at:]]
-
-
-def submit_command(command: Sequence[str], *, env: Mapping[str, object] | None = None,
-                   job_name: str | None = None) -> str:
-    """Run an sbatch_command line and return the job id (see `submit`)."""
-    command = list(command)
-    batch_script = command[_script_index(command)]
-    if not Path(batch_script).is_file():
-        raise SlurmError(f"batch script {batch_script} does not exist")
+def submit_request(request: SbatchRequest, *, env: Mapping[str, object] | None = None) -> str:
+    """Run the request's sbatch line and return the job id (see `submit`)."""
+    command = request.render()
+    what = request.job_name or request.script
+    if not Path(request.script).is_file():
+        raise SlurmError(f"batch script {request.script} does not exist")
     log.info("submitting: %s", " ".join(redact_command(command, _child_env(env))))
     if env:
         log.debug("job environment: %s", redact_env(env))
     try:
         proc = _run(command, env)
     except SlurmError as exc:
-        raise SlurmError(f"sbatch refused {job_name or batch_script}: {exc.stderr or exc}",
+        raise SlurmError(f"sbatch refused {what}: {exc.stderr or exc}",
                          command=exc.command, stderr=exc.stderr) from None
     job_id = proc.stdout.strip().splitlines()[-1].split(";")[0].strip() if proc.stdout.strip() else ""
     if not job_id.split("_")[0].isdigit():
         raise SlurmError(f"sbatch printed no job id: {redact(proc.stdout + proc.stderr, env=_child_env(env))!r}",
                          command=redact_command(command, _child_env(env)))
-    log.info("submitted %s as Slurm job %s", job_name or batch_script, job_id)
+    log.info("submitted %s as Slurm job %s", what, job_id)
     return job_id
 
 
@@ -449,8 +484,6 @@ def _job_sort_key(job_id: str) -> tuple[int, str]:
 
 
 def _current_user() -> str:
-    import pwd
-
     try:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from pathlib import Path
 
 from mlrepro import kinds, paths
 from mlrepro.launch import adopt, auto, chain, finished, job
+from mlrepro.scoring import early_stop
+from mlrepro.scoring import rules as scoring_rules
 from mlrepro.stages import container
 from mlrepro.stages.process import OWN, rule
 
@@ -22,8 +25,6 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
 
     With the opt-in early stop (mlrepro.scoring.early_stop) a settled reproduction submits nothing
     more: the seed is marked stopped instead; after each finished seed the outcome is looked at."""
-    from mlrepro.scoring import early_stop
-
     bench = settings.benchmark(benchmark)
     if (decision := early_stop.read_decision(settings.root, benchmark)) is not None:
         # Settled: delete early_stop.json and the stopped seeds' folders to go on anyway.
@@ -38,7 +39,7 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     job.write_plan(plan)
     limits = chain.limits(bench.segments, settings.system.max_job_minutes)
     # A seed cancelled as diverged by an earlier invocation runs again when the workflow is run again.
-    paths.diverged_file(plan.seed_dir).unlink(missing_ok=True)
+    plan.files.diverged.unlink(missing_ok=True)
     if adopted(kind, bench, plan, log_path, out, chained=limits is not None):
         return
     with _band_watch(settings, bench, plan):
@@ -62,9 +63,6 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
 
 def _look_at_the_outcome(settings, bench, plan: job.SeedPlan) -> None:
     """After a finished seed: is the reproduction settled (the opt-in early stop)? Never fails the seed."""
-    from mlrepro.scoring import early_stop
-    from mlrepro.scoring import rules as scoring_rules
-
     try:
         decision = early_stop.evaluate(settings.root, bench, settings.system, scoring_rules.for_benchmark(bench),
                                        plan.gpus_per_node, settings.system.device)
@@ -79,11 +77,6 @@ def _look_at_the_outcome(settings, bench, plan: job.SeedPlan) -> None:
 def _band_watch(settings, bench, plan: job.SeedPlan):
     """With early_stop.cancel_diverged on: a watcher that marks the running seed diverged once its
     evaluations leave the reference runs' band; its backend then cancels it."""
-    import threading
-
-    from mlrepro.scoring import early_stop
-    from mlrepro.scoring import rules as scoring_rules
-
     policy = early_stop.policy_of(bench, settings.system)
     rules = scoring_rules.for_benchmark(bench)
     curves = (early_stop.reference_curves(settings.root, bench, rules)
@@ -93,7 +86,7 @@ def _band_watch(settings, bench, plan: job.SeedPlan):
         return
     stop = threading.Event()
     watcher = threading.Thread(target=early_stop.watch_band, daemon=True,
-                               args=(plan.seed_dir, curves, rules, paths.diverged_file(plan.seed_dir), stop))
+                               args=(plan.seed_dir, curves, rules, plan.files.diverged, stop))
     watcher.start()
     try:
         yield

@@ -453,7 +453,7 @@ def test_hub_repository_source_with_a_token_by_name(tmp_path, monkeypatch):
 def test_array_indices_script_and_local_tasks(tmp_path):
     assert array.indices_text([0, 1, 2, 3]) == "0-3" and array.indices_text([7, 3, 8, 9, 12]) == "3,7-9,12"
     plan = array.ArrayPlan("c", "download", 16, tmp_path / "c", cpus=1, task_module="mlrepro.corpus.tasks")
-    line = array.sbatch_line(plan, [3, 7], tmp_path, "debug", None)
+    line = array.sbatch_request(plan, [3, 7], tmp_path, "debug", None).render()
     assert "--array=3,7" in line and "--wait" in line and "--partition=debug" in line
     assert line[-1] == str(plan.script)
     array.write_script(plan, {"name": "c"}, tmp_path)

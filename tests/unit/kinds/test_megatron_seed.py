@@ -66,8 +66,8 @@ def test_slurm_seed_is_run_sub_with_per_rank_arguments(tmp_path):
     ws = _workspace(tmp_path / "ws")
     settings = _settings(ws, "dgxh100-64x8", megatron=str(FIXTURES / "megatron_standin"), image="/img/megatron.sqsh")
     plan = megatron_seed.prepare(settings, "gpt_126m", 1)
-    assert plan.scheduler == "slurm" and plan.sbatch[0] == "sbatch"
-    assert plan.sbatch[-1] == str(ws / "implementations" / "megatron_gpt" / "run.sub")
+    assert plan.scheduler == "slurm" and plan.sbatch.render()[0] == "sbatch"
+    assert plan.sbatch.render()[-1] == str(ws / "implementations" / "megatron_gpt" / "run.sub")
     assert plan.env["CONT"] == "/img/megatron.sqsh" and plan.env["DATADIR"] == str(ws / "resources/corpora/mini_corpus")
     argv = shlex.split(Path(plan.env["MEGATRON_ARGS_FILE"]).read_text())
     assert argv[0] == "--num-layers"  # srun starts the ranks: no torchrun in front

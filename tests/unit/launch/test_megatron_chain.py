@@ -14,6 +14,7 @@ import pytest
 from mlrepro import config as mlrepro_config
 from mlrepro.kinds import megatron as megatron_seed
 from mlrepro.launch import chain as segments
+from mlrepro.paths import SeedPaths
 from mlrepro.formats import checkpoints
 from mlrepro.corpus import blend
 from mlrepro.formats import indexed
@@ -121,7 +122,7 @@ def megatron_segment(folder: Path, log: Path, saved: int, line: str | None, kill
 
 def test_the_chain_follows_megatrons_checkpoints_through_a_killed_segment(tmp_path):
     seed, log = tmp_path / "seed_1", tmp_path / "seed_1" / "run.log"
-    folder = seed / segments.CHECKPOINTS
+    folder = seed / SeedPaths.CHECKPOINTS
     said = lambda status, a, b: "segment: " + json.dumps({"status": status, "from_step": a, "to_step": b,  # noqa: E731
                                                           "train_s": 30.0, "val_loss": 4.0})
     stop = ':::MLLOG {"key": "run_stop", "metadata": {"status": "success"}}'

@@ -10,6 +10,7 @@ import pytest
 
 from mlrepro.formats import checkpoints
 from mlrepro.launch import chain as segments
+from mlrepro.paths import SeedPaths
 from mlrepro.pretrain import progress
 
 
@@ -66,7 +67,7 @@ class Trainer:
 
     def __call__(self) -> None:
         self.calls += 1
-        folder = self.seed_dir / segments.CHECKPOINTS
+        folder = self.seed_dir / SeedPaths.CHECKPOINTS
         last = checkpoints.latest(folder)
         step = start = last.step if last else 0
         log = self.seed_dir / "run.log"
@@ -94,7 +95,7 @@ def test_a_run_longer_than_its_job_runs_as_chained_segments(tmp_path):
                                failures=(segments.SegmentEnded,))
     steps = [(s["from_step"], s["to_step"], s["status"]) for s in state["segments"]]
     assert steps == [(0, 35, "resume"), (35, 70, "resume"), (70, 100, "success")]
-    assert json.loads((tmp_path / segments.STATE).read_text()) == state
+    assert json.loads((tmp_path / SeedPaths.SEGMENTS).read_text()) == state
     assert segments.summary(tmp_path) == state["segments"]
 
 
@@ -119,7 +120,7 @@ def test_the_chain_goes_on_after_the_orchestrator_died_between_segments(tmp_path
 
     with pytest.raises(KeyboardInterrupt):
         segments.run_chain(tmp_path, tmp_path / "run.log", dies_after_first, segments.Limits(10, 1, 2))
-    assert not (tmp_path / segments.STATE).exists()  # the segment's record was not written...
+    assert not (tmp_path / SeedPaths.SEGMENTS).exists()  # the segment's record was not written...
     # ...but its checkpoint was: the next run of the workflow starts from it, and takes its log back
     # (mlrepro.launch.adopt) so that its training time counts.
     assert not segments.take_back(tmp_path, tmp_path / "run.log")

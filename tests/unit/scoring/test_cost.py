@@ -8,13 +8,14 @@ import os
 
 import pytest
 
+from mlrepro.paths import AttemptPaths
 from mlrepro.scoring import cost
 
 
 def _attempt(seed_dir, k, **record):
     folder = seed_dir / f"attempt_{k}"
     folder.mkdir(parents=True)
-    (folder / cost.ATTEMPT_RECORD).write_text(json.dumps(cost.attempt_record(k, **record)))
+    (folder / AttemptPaths.RECORD).write_text(json.dumps(cost.attempt_record(k, **record)))
     return folder
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlrepro import config
+from mlrepro.paths import AttemptPaths
 from mlrepro.scoring import cost, early_stop
 from mlrepro.scoring import rules as scoring_rules
 
@@ -42,7 +43,7 @@ def _seeds(root: Path, factor: float, count: int, elapsed_s: float = 30) -> None
         folder = root / "results" / "mini_lora" / f"seed_{i + 1}"
         (folder / "attempt_1").mkdir(parents=True)
         (folder / "mllog.txt").write_text(_slowed((REFERENCE / f"result_{i}.txt").read_text(), factor))
-        (folder / "attempt_1" / cost.ATTEMPT_RECORD).write_text(json.dumps(cost.attempt_record(
+        (folder / "attempt_1" / AttemptPaths.RECORD).write_text(json.dumps(cost.attempt_record(
             1, "local", nodes=1, gpus_per_node=2, start=None, end=None, elapsed_s=elapsed_s * factor,
             state="COMPLETED")))
 

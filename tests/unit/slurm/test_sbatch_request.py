@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
 
 from mlrepro.slurm import client as slurm
@@ -63,7 +67,42 @@ CASES = [
 
 
 @pytest.mark.parametrize("script,options,line,attempts", CASES, ids=range(len(CASES)))
-def test_the_list_functions_print_the_recorded_lines(script, options, line, attempts):
-    assert slurm.sbatch_command(script, **options) == line
+def test_a_request_renders_the_line_the_list_functions_printed(script, options, line, attempts):
+    request = slurm.SbatchRequest(script=script, **options)
+    assert request.render() == line
     for where, expected in zip(ATTEMPTS, attempts or []):
-        assert slurm.for_attempt(line, **where) == expected
+        # An attempt changes fields; what it does not set is not on its line.
+        attempt = dataclasses.replace(request, exclude=where.get("exclude", ()), output=where.get("output"),
+                                      workdir=where.get("workdir"))
+        assert attempt.render() == expected
+
+
+@pytest.mark.parametrize("script,options,line,attempts", CASES, ids=range(len(CASES)))
+def test_a_request_survives_json_and_its_own_line(script, options, line, attempts):
+    request = slurm.SbatchRequest(script=script, **options)
+    assert slurm.SbatchRequest.from_json(json.loads(json.dumps(request.to_json()))) == request
+    # plan.json of an earlier version held the rendered line itself.
+    assert slurm.SbatchRequest.from_json(line).render() == line
+
+
+def test_paths_and_lists_are_kept_as_the_line_holds_them():
+    request = slurm.SbatchRequest(script=Path("impl/run.sub"), exclude=["b", "a", "b"], output=Path("a_1/x.out"))
+    assert (request.script, request.exclude, request.output) == ("impl/run.sub", ("a", "b"), "a_1/x.out")
+    assert request == slurm.SbatchRequest(script="impl/run.sub", exclude=("a", "b"), output="a_1/x.out")
+
+
+def test_a_request_refuses_what_sbatch_would():
+    with pytest.raises(ValueError, match="nodes"):
+        slurm.SbatchRequest(script="run.sub", nodes=0)
+    with pytest.raises(ValueError, match="time_minutes"):
+        slurm.SbatchRequest(script="run.sub", time_minutes=0)
+    with pytest.raises(ValueError, match="not an sbatch line"):
+        slurm.SbatchRequest.from_argv(["srun", "x"])
+
+
+def test_the_signal_field_is_off_unless_set():
+    request = slurm.SbatchRequest(script="run.sub", nodes=1)
+    assert request.signal is None and not any(a.startswith("--signal") for a in request.render())
+    with_signal = dataclasses.replace(request, signal="B:USR1@120")
+    assert with_signal.render() == [*HEAD, "--nodes=1", "--signal=B:USR1@120", "run.sub"]
+    assert slurm.SbatchRequest.from_argv(with_signal.render()) == with_signal
