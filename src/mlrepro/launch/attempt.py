@@ -83,10 +83,19 @@ class Ended:
     exit_code: int | None = None
 
 
+# A resumed trainer says so once its checkpoint is loaded; mini_gpt prints its MLLOG up to the checkpoint
+# again before that line, and those replayed evaluations are no new steps.
+RESUMED = re.compile(r"resuming from .*\(step \d+\)|successfully loaded checkpoint from .* at iteration \d+")
+
+
 def steps_in(text: str) -> list[int]:
-    """The progress lines of a log's text, as step (or sample) numbers, in order (heartbeats as -1)."""
+    """The new progress lines of a log's text (after a resume's marker, where there is one), as step (or
+    sample) numbers, in order (heartbeats as -1)."""
     found = []
-    for m in STEP_LINE.finditer(text):
+    resumed = None
+    for resumed in RESUMED.finditer(text):
+        pass
+    for m in STEP_LINE.finditer(text, resumed.end() if resumed else 0):
         number = m.group("mini") or m.group("megatron") or m.group("samples")
         found.append(int(number) if number is not None else -1)
     return found

@@ -179,3 +179,17 @@ def test_hang_watch_floor_holds_for_fast_steps(tmp_path):
     assert watch.poll() is None
     clock.t += 1
     assert watch.poll() is not None
+
+
+def test_steps_replayed_before_a_resume_are_not_new_steps():
+    replay = ':::MLLOG {"key": "eval_accuracy", "value": 3.9, "metadata": {"samples_count": 640}}\n'
+    resumed = replay + "mini_gpt: resuming from /c/step_00000040 (step 40)\n"
+    assert A.steps_in(replay) == [640]
+    assert A.steps_in(resumed) == []
+    died = resumed + "Traceback (most recent call last):\nRuntimeError: PytorchStreamReader failed\n"
+    assert A.classify(A.Ended("FAILED", log_text=died, exit_code=1)) == A.FAILED_BEFORE_FIRST_STEP
+    went_on = resumed + "mini_gpt progress: step 50/400 tokens 1 loss 3.0 iter_s 0.1\n"
+    assert A.steps_in(went_on) == [50]
+    megatron = (" iteration      100/     650 | consumed samples: 1600 |\n"
+                " successfully loaded checkpoint from /c [ t 1/1, p 1/1 ] at iteration 100\n")
+    assert A.steps_in(megatron) == []
