@@ -27,6 +27,11 @@ run() {
   exit "${PIPESTATUS[0]}"
 }
 
+# SIGUSR1 asks Megatron-LM to save and exit (--exit-signal-handler --exit-signal SIGUSR1); Slurm's
+# --signal reaches every process of the step and the local backend signals the run's whole tree, so this
+# shell, torchrun and segment_end.py ignore it (torchrun would die of it) and the ranks install their handler.
+trap '' USR1
+
 if [ -n "${MEGATRON_LAUNCH_FILE:-}" ]; then
   eval "set -- $(cat "$MEGATRON_LAUNCH_FILE")"
   run "$@"
@@ -37,4 +42,9 @@ export LOCAL_RANK=${SLURM_LOCALID:-${LOCAL_RANK:-0}}
 export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" 2>/dev/null | head -n1 || echo localhost)}
 export MASTER_PORT=${MASTER_PORT:-29500}
 eval "set -- $(cat "$MEGATRON_ARGS_FILE")"
+# A run that saves to be resumed goes through megatron_resume.py (beside this script, on PYTHONPATH): without
+# apex or TE, Megatron-LM's distributed optimizer cannot be resumed otherwise; with them it changes nothing.
+if [ -n "${CHECKPOINT_DIR:-}" ]; then
+  run python -m megatron_resume pretrain_gpt.py "$@"
+fi
 run python pretrain_gpt.py "$@"

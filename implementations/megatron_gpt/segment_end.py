@@ -24,7 +24,9 @@ ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|.*?elapsed time per iterati
 LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
 SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+)")
 VALID = re.compile(r"validation(?:-\S+)? loss at iteration (\d+).*?lm loss value:\s*([-+0-9.eE]+)")
-TIME_LIMIT = re.compile(r"exiting program after [\d.]+ minutes")
+# Its own clock (--exit-duration-in-mins), or the save signal (--exit-signal-handler: the message names
+# SIGTERM whichever signal --exit-signal chose).
+TIME_LIMIT = re.compile(r"exiting program after (?:[\d.]+ minutes|receiving SIG\w+)")
 
 
 class Segment:

@@ -60,6 +60,10 @@ else
     LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$nranks" "$HERE/train.py")
 fi
 
+# SIGUSR1 asks the trainer to save and stop before the job's limit (Slurm's --signal reaches every
+# process of the step; the local backend signals the run's whole tree): this shell and torchrun ignore
+# it, the trainer installs its own handler.
+trap '' USR1
 start=$(date +%s)
 if [[ "$RANK" == 0 ]]; then
     echo "STARTING TIMING RUN AT $(date -d "@$start" '+%Y-%m-%d %r') (seed $SEED)" >&2

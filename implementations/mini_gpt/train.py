@@ -287,7 +287,9 @@ def save_checkpoint(folder: Path, step: int, write, meta: dict) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write(tmp)
-    (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}))
+    # The sizes written, so that a copy truncated later is found before a resume trusts it.
+    files = {p.name: p.stat().st_size for p in tmp.iterdir()}
+    (tmp / "meta.json").write_text(json.dumps({"step": step, **meta, "files": files}))
     for path in tmp.iterdir():
         with open(path, "rb") as fh:
             os.fsync(fh.fileno())

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import synthetic_language  # noqa: E402
+import synthetic_language
 
 # The real GovReport split sizes, kept so the miniature logs the same counts.
 TRAIN_SAMPLES = 3901

@@ -135,6 +135,7 @@ class Benchmark:
     requires: dict = field(default_factory=dict)
     min_free_gb: float = 0
     segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.launch.chain)
+    hang: dict | None = None  # when a running attempt counts as hung (mlrepro.launch.attempt.HangRule)
     pretrain: dict | None = None  # GPT pretraining: model, tokens, layouts (see mlrepro.pretrain.megatron_plan)
     early_stop: Any = None  # the opt-in early stop; wins over the system's
     container_image: str | None = None  # a prebuilt image instead of a build (mlrepro.container.prebuilt)
@@ -265,6 +266,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         requires=data["requires"],
         min_free_gb=data["min_free_gb"],
         segments=data.get("segments"),
+        hang=data.get("hang"),
         pretrain=data.get("pretrain"),
         early_stop=data.get("early_stop"),
         container_image=data.get("container_image"),

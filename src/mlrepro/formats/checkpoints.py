@@ -62,6 +62,65 @@ def latest_step(folder: Path) -> int:
         return step
 
 
+# A checkpoint found unusable is renamed with this prefix (kept for a person to look at, never resumed from).
+SET_ASIDE = "bad_"
+MEGATRON_ITER = re.compile(r"^iter_(\d+)$")
+
+
+def problems(checkpoint: Checkpoint) -> list[str]:
+    """What is wrong with a complete-looking checkpoint of ours: files its meta.json lists (name -> bytes)
+    that are missing or of another size (a truncated copy, a disk that lost the tail)."""
+    try:
+        listed = json.loads((checkpoint.path / META).read_text()).get("files") or {}
+    except (OSError, ValueError):
+        return [f"{checkpoint.path / META}: unreadable"]
+    found = []
+    for name, size in listed.items():
+        path = checkpoint.path / name
+        try:
+            actual = path.stat().st_size
+        except OSError:
+            found.append(f"{path}: missing")
+            continue
+        if actual != size:
+            found.append(f"{path}: {actual} bytes, {size} written")
+    return found
+
+
+def megatron_iterations(folder: Path) -> list[int]:
+    """The iterations of Megatron-LM's checkpoint folders (iter_NNNNNNN/) under `folder`, oldest first."""
+    return sorted(int(m.group(1)) for e in Path(folder).glob("iter_*") if (m := MEGATRON_ITER.match(e.name)))
+
+
+def set_aside(folder: Path, step: int) -> Path | None:
+    """Put the checkpoint of `step` out of a resume's way (renamed bad_step_N/ or bad_iter_N/), so that the
+    previous one is used; for Megatron-LM the tracker then names the previous iteration (or is removed
+    when none is left: the run starts over). The folder set aside, or None when there was none."""
+    folder = Path(folder)
+    ours = folder / f"step_{step:08d}"
+    megatron = folder / f"iter_{step:07d}"
+    target = ours if ours.is_dir() else megatron if megatron.is_dir() else None
+    if target is None:
+        return None
+    aside = folder / f"{SET_ASIDE}{target.name}"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(target, aside)
+    if target is megatron:
+        tracker = folder / MEGATRON_TRACKER
+        earlier = [i for i in megatron_iterations(folder) if i < step]
+        if earlier:
+            _write_atomically(tracker, f"{earlier[-1]}\n")
+        else:
+            tracker.unlink(missing_ok=True)
+    return aside
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def save(folder: Path, step: int, write, meta: dict) -> Path:
     """Write a checkpoint atomically: `write(tmp_dir)` fills a temporary folder that is then renamed."""
     folder = Path(folder)

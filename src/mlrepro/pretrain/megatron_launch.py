@@ -96,12 +96,12 @@ def pretrain_args(run: Run) -> list[str]:
              "--eval-iters", str(run.eval_iters), "--log-throughput",
              "--timing-log-level", "0"]
     if run.save:
-        args += ["--save", run.save, "--load", run.save, "--save-interval", str(run.save_interval or run.train_iters)]
+        args += ["--save", run.save, "--load", run.save, "--save-interval", str(run.save_interval or run.train_iters),
+                 # SIGUSR1 (Slurm's --signal, or the local backend before the job's limit): save, then exit 0.
+                 "--exit-signal-handler", "--exit-signal", "SIGUSR1"]
         if run.local_impl:
-            # Without apex or TE, loading a torch_dist checkpoint of the distributed optimizer fails at the
-            # pinned commit: the load builds its template from the fresh optimizer's state_dict(), whose
-            # torch Adam has no 'step' yet (distrib_optimizer.py: assert len(steps) == 1; seen on 4x H200,
-            # every resumed segment). The legacy format loads the saved state dict without a template.
+            # The legacy format: one file per rank, read back without a template. Either format resumes
+            # the distributed optimizer over torch's AdamW only through RESUME_MODULE (see it).
             args += ["--ckpt-format", "torch"]
     if run.local_impl:
         # Sequence parallelism needs Transformer Engine's or apex's LayerNorm: Megatron's local layer
@@ -113,10 +113,22 @@ def pretrain_args(run: Run) -> list[str]:
     return args + list(run.extra)
 
 
+# implementations/megatron_gpt/megatron_resume.py: without apex or TE, Megatron-LM's distributed optimizer
+# over torch's AdamW cannot be resumed (KeyError 'step' in the torch format, an assertion in torch_dist, and a
+# shared step tensor after a load); a run that saves to resume is launched through it.
+RESUME_MODULE = "megatron_resume"
+
+
+def launched(run: Run, script: str) -> list[str]:
+    """What a rank runs: the script, or, for a run that saves to be resumed, the script through RESUME_MODULE."""
+    return ["-m", RESUME_MODULE, script] if run.save and run.local_impl else [script]
+
+
 def torchrun_line(run: Run, script: str = "pretrain_gpt.py", nproc: int | None = None) -> str:
     """One machine: torchrun with one process per GPU of the layout."""
     n = nproc or run.layout.gpus
-    return shlex.join(["torchrun", "--standalone", f"--nproc-per-node={n}", script, *pretrain_args(run)])
+    return shlex.join(["torchrun", "--standalone", f"--nproc-per-node={n}", *launched(run, script),
+                       *pretrain_args(run)])
 
 
 def srun_line(run: Run, image: str, mounts: str, script: str = "/workspace/megatron-lm/pretrain_gpt.py",
@@ -127,4 +139,4 @@ def srun_line(run: Run, image: str, mounts: str, script: str = "/workspace/megat
     return shlex.join(["srun", "--mpi=pmix", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
                        f"--container-image={image}", f"--container-mounts={mounts}",
                        "--container-workdir=/workspace/megatron-lm", "--no-container-mount-home",
-                       "python", script, *pretrain_args(run)])
+                       "python", *launched(run, script), *pretrain_args(run)])

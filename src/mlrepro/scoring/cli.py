@@ -8,17 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlrepro import config
 from mlrepro.scoring import tree_score
 from mlrepro.scoring.logs import collect_logs
 from mlrepro.scoring.rules import ALIASES, DEFAULT_RULESET, USAGE, RulesError, UnknownRules, is_mlperf, rules_for
-from mlrepro.scoring.score import score_runs
-from mlrepro.util.fsutil import atomic_write_json
+from mlrepro.scoring.score import run_record, score_records
 
 
 def _config_target(benchmark: str) -> dict:
     """required_runs/target of config/benchmarks/<benchmark>.yaml (here, else in mlrepro's repository), if any."""
-    from mlrepro import config
-
     for root in (Path.cwd(), config.PACKAGE_ROOT):
         try:
             found = config.benchmark_scoring(root, benchmark)
@@ -61,16 +59,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"mlrepro score: {exc}", file=sys.stderr)
         return 2
     files, notes = collect_logs(args.paths)
-    result = score_runs(files, rules, run_compliance=not args.no_compliance)
-    result["reasons"] = notes + result["reasons"]
-    print(format_summary(result))
+    result = score_records([run_record(f, rules, run_compliance=not args.no_compliance) for f in files], rules)
+    result = result.replace(reasons=notes + result.reasons)
+    print(format_summary(result.to_json()))
     if args.json:
         try:
-            atomic_write_json(args.json, result)
+            result.write(args.json)
         except OSError as exc:
             print(f"mlrepro score: cannot write {args.json}: {exc}", file=sys.stderr)
             return 1
-    return 0 if result["valid"] else 1
+    return 0 if result.valid else 1
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -129,6 +127,7 @@ def score_trees(args: argparse.Namespace) -> int:
         tree_score.write_outputs(table, rows, csv=args.csv, json_path=args.json, ruleset=ruleset, usage=USAGE,
                                  seconds=seconds)
         if getattr(args, "html", None):
+            # pyplot: loaded only when a page is asked for.
             from mlrepro.scoring import report
 
             report.write_tree_report(table, args.html, title=f"MLPerf {USAGE} {ruleset} results")

@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from mlrepro import paths
-from mlrepro.scoring import cost
+from mlrepro.scoring import cost, eval_band, mllog, score
 from mlrepro.scoring import running_verdict as rv
-from mlrepro.util.fsutil import atomic_write_json
+from mlrepro.scoring.records import RunRecord
+from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
+
 
 def decision_file(root: Path, benchmark: str) -> Path:
     return paths.early_stop_file(root, benchmark)
@@ -46,17 +48,23 @@ def is_stopped(seed_folder: Path) -> bool:
     return paths.stopped_file(Path(seed_folder)).is_file()
 
 
-def finished_runs(root: Path, benchmark: str, rules) -> dict[int, dict]:
-    """The seeds with a result (mllog.txt, not a stopped seed's), scored without the compliance checker."""
-    from mlrepro.scoring import score
+def not_stopped(seed_files: list[Path]) -> list[Path]:
+    """The files (run.json, mllog.txt) of the seeds the early stop did not stop."""
+    return [f for f in seed_files if not is_stopped(Path(f).parent)]
 
+
+def finished_runs(root: Path, benchmark: str, rules) -> dict[int, dict]:
+    """The run records (as JSON) of the seeds with a result (mllog.txt, not a stopped seed's): run.json,
+    else the log scored without the compliance checker."""
     out = {}
     for seed, folder in sorted(paths.seed_dirs(paths.benchmark_dir(root, benchmark)).items()):
         files = paths.SeedPaths(folder)
         run_json = paths.read_json_if_exists(files.run_json)
         if is_stopped(folder) or not files.mllog.is_file():
             continue
-        out[seed] = run_json or score.score_run(files.mllog, rules, run_compliance=False, seed=seed)
+        record = RunRecord.from_json(run_json) if run_json else \
+            score.run_record(files.mllog, rules, run_compliance=False, seed=seed)
+        out[seed] = record.to_json()
     return out
 
 
@@ -65,8 +73,6 @@ def reference_scores(root: Path, bench: Any, rules) -> list[dict]:
     reference.json made before they changed would be stale), else reference.json once its rule ran
     (a published reference)."""
     if getattr(bench, "reference", None) and bench.reference.get("runs"):
-        from mlrepro.scoring import score
-
         logs = sorted(Path(bench.reference["runs"]).glob("result_*.txt"))
         return [score.score_run(p, rules, run_compliance=False) for p in logs]
     ref = paths.read_json_if_exists(paths.benchmark_dir(root, bench.name) / "reference.json")
@@ -117,8 +123,6 @@ def evaluate(root: Path, bench: Any, system: Any, rules, gpus_per_node: int, dev
 
 def mark_stopped(seed_folder: Path, mllog_out: Path, decision: dict, *, cancelled: bool) -> None:
     """A seed the early stop did not run (or cancelled): stopped.json says so, an empty mllog.txt completes it."""
-    from mlrepro.util.fsutil import atomic_write_text
-
     Path(seed_folder).mkdir(parents=True, exist_ok=True)
     atomic_write_json(paths.stopped_file(Path(seed_folder)), {"cancelled": cancelled, "decision": decision.get("message"),
                                                     "time": dt.datetime.now(dt.timezone.utc).isoformat(
@@ -128,8 +132,6 @@ def mark_stopped(seed_folder: Path, mllog_out: Path, decision: dict, *, cancelle
 
 def reference_curves(root: Path, bench: Any, rules) -> list:
     """The reference runs' evaluation curves ([[samples, value], ...] each), the band's input."""
-    from mlrepro.scoring import eval_band
-
     return eval_band.reference_curves(reference_scores(root, bench, rules))
 
 
@@ -144,8 +146,6 @@ def live_log(seed_folder: Path) -> Path | None:
 
 def live_band(seed_folder: Path, curves: list, rules):
     """A running seed against the reference band (mlrepro.scoring.eval_band.BandCheck), or None without one."""
-    from mlrepro.scoring import eval_band, mllog
-
     log = live_log(seed_folder)
     if log is None or not curves:
         return None

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlrepro.util.progress import clock
+
 RECENT = 4  # eval events the rate is measured over: recent enough to follow a slower phase
 TAIL_BYTES = 1 << 18
 _MARK = ":::MLLOG"
@@ -101,8 +103,6 @@ def tail(path: Path, limit: int = TAIL_BYTES) -> str:
 
 def describe(p: dict) -> str:
     """'eval 5: 480 of ~3,040 samples (16%), eval_accuracy 1.403 (target below 0.925), 152 samples/s, ETA 0:17'."""
-    from mlrepro.util.progress import clock
-
     text = f"eval {p['evals']}: {p['samples']:,.0f}"
     if p.get("reference_samples"):
         text += f" of ~{p['reference_samples']:,.0f} samples ({100 * p['fraction']:.0f}%)"

@@ -19,6 +19,8 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from mlrepro.scoring.mllog import open_regular
+
 _PREFIX = re.compile(r"^(?:\s*\d+:\s)?")  # srun -l
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
@@ -176,8 +178,6 @@ _SNIFF = re.compile(rb"\biteration\s+\d+/\s*\d+\s*\|\s*consumed samples|global_s
 def is_training_log(path: str | Path, limit: int = 8 << 20) -> bool:
     """Whether the file holds a Megatron-LM or NeMo training line in its first `limit` bytes (cheap sniff;
     False for anything but a regular file, so a FIFO in a scanned folder cannot hang the scan)."""
-    from mlrepro.scoring.mllog import open_regular
-
     try:
         with open_regular(path) as fh:
             return bool(_SNIFF.search(fh.read(limit)))

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlrepro.util.fsutil import atomic_write_json
 from mlrepro.gpus import datasheet_peak_tflops
-from mlrepro.scoring.megatron_log import TrainingLog, parse_log
 from mlrepro.scoring import integrity
+from mlrepro.scoring.megatron_log import TrainingLog, parse_log
+from mlrepro.scoring.records import MEGATRON, RunRecord
 
 STEADY_SKIP = 2  # log lines left out of the steady state: iteration 1 and the first interval (warm-up, allocation)
 
@@ -76,6 +76,14 @@ def _samples_at(log: TrainingLog, iteration: int) -> float | None:
 def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None = None, gpus: int | None = None,
                        seq_length: int | None = None, model_flops_per_iter: float | None = None,
                        seed: int | None = None, benchmark: str | None = None) -> dict[str, Any]:
+    """training_record's JSON (run.json's content), for callers that read records as dicts."""
+    return training_record(path, target_loss=target_loss, gpu=gpu, gpus=gpus, seq_length=seq_length,
+                           model_flops_per_iter=model_flops_per_iter, seed=seed, benchmark=benchmark).to_json()
+
+
+def training_record(path: str | Path, *, target_loss: float, gpu: str | None = None, gpus: int | None = None,
+                    seq_length: int | None = None, model_flops_per_iter: float | None = None,
+                    seed: int | None = None, benchmark: str | None = None) -> RunRecord:
     """The run record of one pretraining log. Never raises on bad log content."""
     log = parse_log(path)
     reasons: list[str] = []
@@ -114,36 +122,42 @@ def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None 
         reasons.append("no time to train: the log has no '[before the start of training step]' stamp or no "
                        "stamped iteration before the target validation")
     seed = seed if seed is not None else (int(_arg(log, "seed")) if _arg(log, "seed") is not None else None)
-    return {
-        "file": str(path), "seed": seed, "benchmark": benchmark, "source": log.source,
-        "minutes": minutes, "status": status, "target_reached": hit is not None,
+    return RunRecord(
+        scorer=MEGATRON, file=str(path), seed=seed, benchmark=benchmark, source=log.source,
+        minutes=minutes, status=status, target_reached=hit is not None,
         # A log out of order or with a loss no model has is not a run that converged, whatever it reached.
-        "converged": status == "success" and hit is not None and minutes is not None and not (order or doubtful),
-        "samples_to_converge": _samples_at(log, hit.iteration) if hit is not None else None,
-        "iteration_to_converge": hit.iteration if hit is not None else None,
-        "global_batch_size": _arg(log, "global_batch_size"), "evals": evals,
-        "compliance": {"checked": False, "pass": None, "reasons": ["not an MLPerf log: no compliance check"]},
-        "counted": not reasons, "reasons": reasons, "problems": list(log.problems), "mllog_sha256": None,
-        "throughput": throughput(log, gpus=gpus, seq_length=seq_length, peak_tflops=peak,
-                                 model_flops_per_iter=model_flops_per_iter),
-        "curve": [[i.iteration, i.lm_loss] for i in log.iterations if i.lm_loss is not None],
-        "fingerprint": integrity.training_fingerprint(log),
-    }
+        converged=status == "success" and hit is not None and minutes is not None and not (order or doubtful),
+        samples_to_converge=_samples_at(log, hit.iteration) if hit is not None else None,
+        iteration_to_converge=hit.iteration if hit is not None else None,
+        global_batch_size=_arg(log, "global_batch_size"), evals=evals,
+        compliance={"checked": False, "pass": None, "reasons": ["not an MLPerf log: no compliance check"]},
+        counted=not reasons, reasons=reasons, problems=list(log.problems), mllog_sha256=None,
+        throughput=throughput(log, gpus=gpus, seq_length=seq_length, peak_tflops=peak,
+                              model_flops_per_iter=model_flops_per_iter),
+        curve=[[i.iteration, i.lm_loss] for i in log.iterations if i.lm_loss is not None],
+        fingerprint=integrity.training_fingerprint(log))
+
+
+def band_checked(record: RunRecord, reference: str | Path, tolerance: float | None = None,
+                 plot_to: str | Path | None = None) -> RunRecord:
+    """The record with its `loss_band` (and a flag naming the step where the loss leaves the band)."""
+    # pandas and matplotlib: loaded by the runs that check a band, not by every scorer's import.
+    from mlrepro.scoring import loss_band
+
+    band = loss_band.load_reference(reference, tolerance)
+    result = loss_band.check(record.curve, band)
+    checked = {**dataclasses.asdict(result), "reference": str(reference), "message": result.message()}
+    if plot_to is not None:
+        loss_band.plot(record.curve, band, result, plot_to, title=Path(record.file).name)
+        checked["plot"] = str(plot_to)
+    return record.with_loss_band(checked, None if result.inside else result.message())
 
 
 def check_reference(record: dict, reference: str | Path, tolerance: float | None = None,
                     plot_to: str | Path | None = None) -> dict:
-    """Add `loss_band` (and a `flags` entry naming the step when the loss leaves the band)."""
-    from mlrepro.scoring import loss_band
-
-    band = loss_band.load_reference(reference, tolerance)
-    result = loss_band.check(record["curve"], band)
-    record["loss_band"] = {**dataclasses.asdict(result), "reference": str(reference), "message": result.message()}
-    if not result.inside:
-        record.setdefault("flags", []).append(result.message())
-    if plot_to is not None:
-        loss_band.plot(record["curve"], band, result, plot_to, title=Path(record["file"]).name)
-        record["loss_band"]["plot"] = str(plot_to)
+    """band_checked on a run record read as a dict: the dict is given its `loss_band` (and `flags`)."""
+    checked = band_checked(RunRecord.of(record), reference, tolerance, plot_to).to_json()
+    record.update({k: checked[k] for k in ("loss_band", "flags") if k in checked})
     return record
 
 
@@ -158,20 +172,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", help="write the loss-vs-band plot here (.png or .svg)")
     parser.add_argument("--out", help="write the run record (JSON) here")
     args = parser.parse_args(argv)
-    record = score_training_log(args.log, target_loss=args.target_loss, gpu=args.gpu, gpus=args.gpus)
+    record = training_record(args.log, target_loss=args.target_loss, gpu=args.gpu, gpus=args.gpus)
     if args.reference:
-        check_reference(record, args.reference, args.tolerance, args.plot)
+        record = band_checked(record, args.reference, args.tolerance, args.plot)
     if args.out:
-        atomic_write_json(args.out, record)
-    t = record["throughput"]
+        record.write(args.out)
+    t = record.throughput
     fmt = lambda x, spec: "n/a" if x is None else format(x, spec)  # noqa: E731
-    print(f"{record['file']}: {record['status']}, target reached: {record['target_reached']}, "
-          f"minutes to target: {fmt(record['minutes'], '.2f')}; {fmt(t['tokens_per_s'], ',.0f')} tokens/s, "
+    print(f"{record.file}: {record.status}, target reached: {record.target_reached}, "
+          f"minutes to target: {fmt(record.minutes, '.2f')}; {fmt(t['tokens_per_s'], ',.0f')} tokens/s, "
           f"{fmt(t['tflops_per_gpu'], '.1f')} TFLOP/s/GPU, MFU {fmt(t['mfu'], '.1%')}, "
           f"peak memory {fmt(t['peak_mem_gib'], '.1f')} GiB")
-    for flag in record.get("flags", []):
+    for flag in record.flags or []:
         print("FLAG:", flag)
-    return 0 if record["counted"] else 1
+    return 0 if record.counted else 1
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from mlrepro.implementation import fetch as implementation
 from mlrepro.scoring import score as scoring
 from mlrepro.scoring.logs import collect_logs
 from mlrepro.scoring.rules import Rules
@@ -130,8 +131,6 @@ def _log_files(folder: Path) -> list[Path]:
 def fetch_published(git: dict, chosen_system: str, nodes: int, gpus_per_node: int, accelerator: str | None,
                     rules: Rules, dest: Path) -> dict:
     """Fetch the submitter's systems and the chosen system's result logs at the pinned commit; score them."""
-    from mlrepro.implementation import fetch as implementation
-
     submitter, benchmark = submission_parts(git["folder"])
     try:
         systems_dir = implementation.fetch_implementation(git["url"], git["commit"], f"{submitter}/systems",

@@ -31,8 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from mlrepro.scoring import checkers, engine, integrity, megatron_log, official
+from mlrepro.scoring import checkers, engine, integrity, megatron_log, megatron_score, official
 from mlrepro.scoring.mllog import ParsedLog, Record, contains_mllog, finite, parse_log, parse_text
+from mlrepro.scoring.records import ABSENT, MLLOG, OFFICIAL, RunRecord, ScoreRecord
 from mlrepro.scoring.rules import MLPERF_TARGETS, Rules
 
 
@@ -141,57 +142,59 @@ def _evaluations(window: list, metric: str) -> tuple[list[list[float]], float | 
 
 def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool = True,
               seed: int | None = None) -> dict:
+    """run_record's JSON (run.json's content), for callers that read records as dicts."""
+    return run_record(log_path, rules, run_compliance=run_compliance, seed=seed).to_json()
+
+
+def _status(stop: Any) -> str | None:
+    status = stop.metadata.get("status") if stop is not None else None
+    return status if isinstance(status, str) else None
+
+
+def run_record(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool = True,
+               seed: int | None = None) -> RunRecord:
     """Score one run's log. Never raises on bad log content.
 
-    Returns the run.json content: file, seed, benchmark, minutes, status,
-    converged, target_reached, samples_to_converge, global_batch_size, evals,
-    compliance {checked, pass, reasons}, counted, reasons, problems.
+    The run record (run.json): file, seed, benchmark, minutes, status, converged, target_reached,
+    samples_to_converge, global_batch_size, evals, compliance {checked, pass, reasons}, counted,
+    reasons, problems, mllog_sha256, fingerprint.
     """
     path = Path(log_path)
     if rules.target_direction == "<=" and not contains_mllog(path) and megatron_log.is_training_log(path):
         # A pretraining run that logs no MLLOG: the same record, from Megatron-LM's/NeMo's own lines.
-        from mlrepro.scoring import megatron_score
-
-        return megatron_score.score_training_log(path, target_loss=rules.target_value, seed=seed,
-                                                 benchmark=rules.benchmark)
+        return megatron_score.training_record(path, target_loss=rules.target_value, seed=seed,
+                                              benchmark=rules.benchmark)
     if rules.mlperf_benchmark and run_compliance:
         return _official_run(path, rules, seed)
     log = parse_log(path)
     reasons: list[str] = []
-    run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _logged_seed(log)}
 
     logged_bench = log.value("submission_benchmark")
-    run["benchmark"] = logged_bench if isinstance(logged_bench, str) else None
+    benchmark = logged_bench if isinstance(logged_bench, str) else None
     expected = {rules.benchmark, rules.mlperf_benchmark} - {None}
-    if run["benchmark"] is not None and run["benchmark"] not in expected:
-        reasons.append(f"log is for benchmark {run['benchmark']}, not {rules.mlperf_benchmark or rules.benchmark}")
+    if benchmark is not None and benchmark not in expected:
+        reasons.append(f"log is for benchmark {benchmark}, not {rules.mlperf_benchmark or rules.benchmark}")
 
     start, stop, window, minutes = _timed_window(log, reasons)
     mixed = _mixed_runs(log, window, rules.target_metric)
     if mixed:
         reasons.extend(mixed)
         minutes = None
-    run["minutes"] = minutes
-    status = stop.metadata.get("status") if stop is not None else None
-    run["status"] = status if isinstance(status, str) else None
-    if stop is not None and run["status"] != "success":
-        reasons.append(f"run_stop status is {run['status'] or 'missing'}, not success")
+    status = _status(stop)
+    if stop is not None and status != "success":
+        reasons.append(f"run_stop status is {status or 'missing'}, not success")
 
     timed, late = integrity.evaluations_in_time(_evaluation_lines(log, start, stop, window), rules.target_metric,
                                                 start, stop)
     evals, last_samples = _evaluations(timed, rules.target_metric)
-    run["evals"] = evals
-    run["target_reached"] = any(rules.target_met(v) for _, v in evals)
+    target_reached = any(rules.target_met(v) for _, v in evals)
     if not evals:
         reasons.append(f"no {rules.target_metric} evaluation logged")
-    elif not run["target_reached"]:
+    elif not target_reached:
         best = (min if rules.target_direction == "<=" else max)(v for _, v in evals)
         reasons.append(f"target {rules.target_metric} {rules.target_direction} {rules.target_value:g} not reached "
                        f"(best {best:g})")
-    run["converged"] = run["status"] == "success" and run["target_reached"]
-    run["samples_to_converge"] = last_samples if run["status"] == "success" else None
     gbs = log.last("global_batch_size")
-    run["global_batch_size"] = _number(gbs.value) if gbs is not None else None
 
     if rules.mlperf_benchmark and run_compliance:
         verdict = _compliance_of(log, rules)
@@ -201,19 +204,21 @@ def score_run(log_path: str | os.PathLike, rules: Rules, *, run_compliance: bool
         verdict = checkers.Verdict(False, None, ["compliance check skipped"])
     else:
         verdict = checkers.Verdict(False, None, [f"no MLPerf ruleset for {rules.benchmark}: generic checks only"])
-    run["compliance"] = verdict.to_dict()
-    run["counted"] = not reasons
-    run["reasons"] = reasons
-    run["problems"] = list(log.problems) + late
-    # Two files with the same MLLOG records are one run, whatever their names say; and so are two
-    # with the same evaluations at the same times after run_start, whatever seed they log.
-    run["mllog_sha256"] = hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None
-    run["fingerprint"] = integrity.fingerprint(timed, start, stop)
-    return run
+    return RunRecord(
+        scorer=MLLOG, file=str(path), seed=seed if seed is not None else _logged_seed(log), benchmark=benchmark,
+        minutes=minutes, status=status, evals=evals, target_reached=target_reached,
+        converged=status == "success" and target_reached,
+        samples_to_converge=last_samples if status == "success" else None,
+        global_batch_size=_number(gbs.value) if gbs is not None else None,
+        compliance=verdict.to_dict(), counted=not reasons, reasons=reasons, problems=list(log.problems) + late,
+        # Two files with the same MLLOG records are one run, whatever their names say; and so are two
+        # with the same evaluations at the same times after run_start, whatever seed they log.
+        mllog_sha256=hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None,
+        fingerprint=integrity.fingerprint(timed, start, stop))
 
 
-def _official_run(path: Path, rules: Rules, seed: int | None) -> dict:
-    """score_run for an MLPerf benchmark: whether and how long the run counts is result_summarizer's
+def _official_run(path: Path, rules: Rules, seed: int | None) -> RunRecord:
+    """run_record for an MLPerf benchmark: whether and how long the run counts is result_summarizer's
     verdict on the log (scoring.engine); the record around it is read from the same lines. What the
     official tools do not check (a second run in the log) is flagged: the score stays MLCommons',
     the result is not valid. A run time they would average and we refuse (run_stop not after
@@ -222,40 +227,36 @@ def _official_run(path: Path, rules: Rules, seed: int | None) -> dict:
         read = engine.read_run(path, usage=rules.usage, ruleset=rules.ruleset)
     converged, epochs = engine.submission_epochs(read["lines"], rules.ruleset)
     log = parse_text("".join(ln + "\n" for ln in read["lines"]), source=str(path))
-    run: dict[str, Any] = {"file": str(path), "seed": seed if seed is not None else _logged_seed(log)}
     logged_bench = log.value("submission_benchmark")
-    run["benchmark"] = logged_bench if isinstance(logged_bench, str) else None
-    flags = [f"log is for benchmark {run['benchmark']}, not {rules.mlperf_benchmark}"] if run["benchmark"] not in (
+    benchmark = logged_bench if isinstance(logged_bench, str) else None
+    flags = [f"log is for benchmark {benchmark}, not {rules.mlperf_benchmark}"] if benchmark not in (
         None, rules.mlperf_benchmark) else []
     timing: list[str] = []
     start, stop, window, _ = _timed_window(log, timing)
     # A seed per rank is one run (ssd logs one on every rank).
     flags += _mixed_runs(log, window, rules.target_metric, seeds=False)
-    run["minutes"], run["time_ms"] = read["minutes"], read["time_ms"]
-    status = stop.metadata.get("status") if stop is not None else None
-    run["status"] = status if isinstance(status, str) else None
+    status = _status(stop)
     timed, late = integrity.evaluations_in_time(_evaluation_lines(log, start, stop, window), rules.target_metric,
                                                 start, stop)
-    run["evals"], _ = _evaluations(timed, rules.target_metric)
+    evals, _ = _evaluations(timed, rules.target_metric)
     # The compliance checker holds runs to the target (its ATLEAST_ONE_CHECK), two-part ones too.
-    run["target_reached"] = (any(rules.target_met(v) for _, v in run["evals"]) if rules.target_value is not None
-                             else bool(read["compliance"]["pass"]))
-    run["converged"] = run["status"] == "success" and run["target_reached"]
-    if read["counted"] and not run["converged"]:
-        why = (f"run_stop status is {run['status'] or 'missing'}" if run["status"] != "success" else
+    target_reached = (any(rules.target_met(v) for _, v in evals) if rules.target_value is not None
+                      else bool(read["compliance"]["pass"]))
+    run_converged = status == "success" and target_reached
+    if read["counted"] and not run_converged:
+        why = (f"run_stop status is {status or 'missing'}" if status != "success" else
                f"no {rules.target_metric} evaluation stamped within the run meets the target")
         flags.append(f"the official tools count this run, but it did not converge: {why} ({integrity.STRICTER})")
-    run["samples_to_converge"] = epochs if converged else None
     gbs = log.last("global_batch_size")
-    run["global_batch_size"] = _number(gbs.value) if gbs is not None else None
-    run["compliance"] = read["compliance"]
-    run["counted"] = read["counted"] and not timing
-    run["flags"] = flags
-    run["reasons"] = timing + read["reasons"] + flags
-    run["problems"] = read["problems"] + list(log.problems) + late
-    run["mllog_sha256"] = hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None
-    run["fingerprint"] = integrity.fingerprint(timed, start, stop)
-    return run
+    return RunRecord(
+        scorer=OFFICIAL, file=str(path), seed=seed if seed is not None else _logged_seed(log), benchmark=benchmark,
+        minutes=read["minutes"], time_ms=read["time_ms"], status=status, evals=evals, target_reached=target_reached,
+        converged=run_converged, samples_to_converge=epochs if converged else None,
+        global_batch_size=_number(gbs.value) if gbs is not None else None, compliance=read["compliance"],
+        counted=read["counted"] and not timing, flags=flags, reasons=timing + read["reasons"] + flags,
+        problems=read["problems"] + list(log.problems) + late,
+        mllog_sha256=hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None,
+        fingerprint=integrity.fingerprint(timed, start, stop))
 
 
 def _compliance_of(log: ParsedLog, rules: Rules) -> checkers.Verdict:
@@ -308,21 +309,45 @@ def _rcp_of(distinct: list[dict], rules: Rules, reasons: list[str]) -> dict:
     return rcp
 
 
-def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Sequence[dict] | None = None,
-               run_compliance: bool = True) -> dict:
-    """Score a set of runs of one benchmark: the score.json content.
+def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *,
+               runs: Sequence[RunRecord | dict] | None = None, run_compliance: bool = True) -> dict:
+    """score_records's JSON (score.json's content), for callers that read records as dicts.
 
-    `runs` may hold precomputed ``score_run`` results (e.g. read back from each
-    seed's run.json) so compliance is not run twice; otherwise each log in
-    `log_paths` is scored here.
+    `runs` may hold precomputed run records (e.g. read back from each seed's run.json) so
+    compliance is not run twice; otherwise each log in `log_paths` is scored here.
     """
     if runs is None:
-        runs = [score_run(p, rules, run_compliance=run_compliance) for p in log_paths]
-    runs = [dict(r, reasons=list(r.get("reasons") or [])) for r in runs]
+        records = [run_record(p, rules, run_compliance=run_compliance) for p in log_paths]
+    else:
+        records = [RunRecord.of(r) for r in runs]
+    return score_records(records, rules).to_json()
+
+
+def reproduction_score(run_files: Iterable[str | os.PathLike], rules: Rules, *, cost: dict,
+                       running_verdict: dict, complete_mlperf_result: bool,
+                       early_stop: dict | None = None) -> ScoreRecord:
+    """A reproduction's score.json: its seeds' run records (run.json) scored together, with what the
+    reproduction cost, its running verdict and, when the early stop settled it, that decision."""
+    score = score_records([RunRecord.read(p) for p in run_files], rules)
+    reasons = list(score.reasons)
+    if early_stop is not None:
+        reasons.insert(0, early_stop["message"])
+    changed = [{"seed": r.seed if r.seed is not ABSENT else None, **r.changed_after_finish}
+               for r in score.runs if r.changed_after_finish]
+    return score.replace(valid=score.valid and early_stop is None, reasons=reasons, cost=cost,
+                         running_verdict=running_verdict, complete_mlperf_result=complete_mlperf_result,
+                         early_stop=early_stop if early_stop is not None else ABSENT,
+                         changed_after_finish=changed or ABSENT)
+
+
+def score_records(records: Sequence[RunRecord], rules: Rules) -> ScoreRecord:
+    """Score a set of runs of one benchmark: the score (score.json)."""
+    # integrity's checks mark copies of the runs' JSON, read back into the score's runs at the end.
+    runs = [dict(r.to_json(), reasons=list(r.reasons or [])) for r in records]
     reasons: list[str] = []
     # Runs the official tools scored (_official_run): the score is the summarizer's, over every
     # run it counts; what it does not check makes the result not valid.
-    official_runs = bool(rules.mlperf_benchmark) and all("flags" in r for r in runs)
+    official_runs = bool(rules.mlperf_benchmark) and all(r.scorer == OFFICIAL for r in records)
 
     for run in runs:
         why = integrity.untrusted_time(run)
@@ -358,23 +383,13 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *, runs: Se
         found = rcp, {"value": None, "note": None}
     rcp, energy = found
     score = olympic * rcp["scaling_factor"] if olympic is not None else None
-    return {
-        "benchmark": rules.benchmark,
-        "mlperf_benchmark": rules.mlperf_benchmark,
-        "ruleset": rules.ruleset,
-        "required_runs": rules.required_runs,
-        "target": rules.target,
-        "runs": runs,
-        "runs_counted": len(counted),
-        "runs_failed": len(failed),
-        "olympic_minutes": olympic,
-        "rcp": rcp,
-        "score_minutes": score,
-        "energy": energy,
-        "valid": score is not None and not reasons,
-        "reasons": reasons,
-        "tools": {"mlperf_logging": checkers.mlperf_logging_version()},
-    }
+    return ScoreRecord(
+        benchmark=rules.benchmark, mlperf_benchmark=rules.mlperf_benchmark, ruleset=rules.ruleset,
+        required_runs=rules.required_runs, target=rules.target,
+        runs=[RunRecord.from_json(run, scorer=r.scorer) for run, r in zip(runs, records)],
+        runs_counted=len(counted), runs_failed=len(failed), olympic_minutes=olympic, rcp=rcp, score_minutes=score,
+        energy=energy, valid=score is not None and not reasons, reasons=reasons,
+        tools={"mlperf_logging": checkers.mlperf_logging_version()})
 
 
 def _rcp_samples(run: dict, rules: Rules) -> Any:

@@ -7,7 +7,6 @@ opens with it, each row linking to that benchmark's own report.html.
 from __future__ import annotations
 
 import html
-import json
 import os
 from pathlib import Path
 from typing import Iterable
@@ -18,6 +17,7 @@ from mlrepro.scoring import cost_report
 
 from mlrepro.util.fsutil import atomic_write_text
 from mlrepro.scoring import page
+from mlrepro.scoring.records import VerdictRecord
 from mlrepro.scoring.verdict import METHOD
 
 COLUMNS = ["benchmark", "system", "reference", "reference_kind", "score_minutes", "reference_score_minutes",
@@ -67,7 +67,7 @@ def summary_table(verdict_files: Iterable[str | os.PathLike], out_dir: str | os.
     rows = []
     for path in map(Path, verdict_files):
         report = os.path.relpath(path.parent / "report.html", Path(out_dir))
-        rows.append(row(json.loads(path.read_text()), report))
+        rows.append(row(VerdictRecord.read(path).to_json(), report))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

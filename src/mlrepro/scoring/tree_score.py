@@ -25,6 +25,7 @@ from typing import Any
 
 from mlrepro.scoring import rules as rules_mod
 from mlrepro.scoring import engine
+from mlrepro.scoring.checkers import mlperf_logging_version
 from mlrepro.scoring.official import official_tools
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
@@ -48,6 +49,7 @@ def score_benchmark_folder(folder: str | os.PathLike, *, usage: str = rules_mod.
                            division: str = "closed", benchmark: str | None = None) -> dict:
     """The summarizer's numbers for one ``results/<system>/<benchmark>`` folder, with our checks
     (scoring.engine: `mlrepro score DIR --benchmark B` scores a folder with the same engine)."""
+    # The summarizer brings pandas and scipy: loaded when a tree is scored, not by every scorer's import.
     from mlperf_logging.result_summarizer import result_summarizer as rs
 
     folder = Path(folder)
@@ -99,6 +101,7 @@ def _error_row(folder: Path, reason: str, **extra) -> dict:
 
 def _system_specs(submitter: Path, system: str, usage: str, ruleset: str) -> dict:
     """The summarizer's system columns (result_summarizer.summarize_results), or FieldError/OSError/ValueError."""
+    # pandas and scipy, as above.
     from mlperf_logging.result_summarizer import result_summarizer as rs
 
     path = submitter / "systems" / f"{system}.json"
@@ -136,6 +139,7 @@ def _system_specs(submitter: Path, system: str, usage: str, ruleset: str) -> dic
 
 def _tasks(submitter: Path, usage: str, ruleset: str) -> tuple[list[tuple], list[dict]]:
     """(benchmark folder, system columns) for every benchmark folder of a submitter, and error rows."""
+    # pandas and scipy, as above.
     from mlperf_logging.result_summarizer import result_summarizer as rs
 
     tasks, errors = [], []
@@ -169,6 +173,7 @@ def _score_task(task: tuple, usage: str, ruleset: str) -> dict:
 
 def score_tree(paths: list[str | os.PathLike], *, ruleset: str, usage: str = rules_mod.USAGE, jobs: int = 1):
     """Score submission trees. Returns (DataFrame with COLUMNS, list of row dicts with per-run details)."""
+    # pandas: loaded when a tree is scored (mlrepro.scoring.cli imports this module for every `mlrepro score`).
     import pandas as pd
 
     rules_mod.benchmarks(ruleset, usage)  # UnknownRules for a ruleset mlperf_logging lacks
@@ -199,8 +204,6 @@ def write_outputs(table, rows: list[dict], *, csv: str | None = None, json_path:
     if csv:
         atomic_write_text(csv, table.to_csv(index=False))
     if json_path:
-        from mlrepro.scoring.checkers import mlperf_logging_version
-
         atomic_write_json(json_path, {
             "usage": usage, "ruleset": ruleset, "tools": {"mlperf_logging": mlperf_logging_version()},
             "seconds": seconds, "columns": COLUMNS,

@@ -26,11 +26,14 @@ each other only: their spread and each seed's distance from the median.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any, Sequence
 
 from mlrepro.scoring import page
+from mlrepro.scoring.records import ABSENT, ScoreRecord, VerdictRecord
 
 ALPHA = 0.05
 TOLERANCE_PCT = 5.0
@@ -179,6 +182,24 @@ def compare(yours: dict, reference: dict, *, benchmark: str | None = None, syste
                    f"within the {TOLERANCE_PCT:g}% tolerance"]
     out["why"] = why
     return out
+
+
+def reproduction_verdict(score: ScoreRecord, reference_file: Path, container_file: Path, preflight_file: Path | None,
+                         *, benchmark: str, system: dict, config: dict | None) -> VerdictRecord:
+    """A reproduction's verdict.json: `compare` of its score with its reference.json, in the environment
+    its container.json and preflight record describe, with the implementation config its runs used
+    and what its score carries (cost, running verdict, early stop)."""
+    environment = {"container": json.loads(Path(container_file).read_text()),
+                   "preflight": json.loads(Path(preflight_file).read_text()) if preflight_file else None}
+    found = VerdictRecord.from_json(compare(score.to_json(), json.loads(Path(reference_file).read_text()),
+                                            benchmark=benchmark, system=system, environment=environment))
+    carried = {key: getattr(score, key) for key in ("cost", "early_stop", "running_verdict", "complete_mlperf_result")
+               if getattr(score, key) is not ABSENT}
+    if score.early_stop is not ABSENT:
+        # Settled before all its seeds ran: the early stop's own verdict, not the score's "not valid".
+        message = score.early_stop["message"]
+        carried.update(verdict=NOT_REPRODUCED, why=[message] + [w for w in found.why if w != message])
+    return found.replace(config=config, **carried)
 
 
 def p_shown(p: float) -> str:

@@ -60,13 +60,17 @@ def test_a_chained_seed_saves_and_loads_with_megatron_and_runs_under_the_job_lim
     assert argv[argv.index("--save-interval") + 1] == "50"
     # torch_dist checkpoints of the distributed optimizer do not load without apex/TE (4x H200): legacy format
     assert argv[argv.index("--ckpt-format") + 1] == "torch"
+    # Resumable without apex/TE only through megatron_resume, which runs pretrain_gpt.py; the save signal saves.
+    assert argv[argv.index("-m") + 1: argv.index("-m") + 3] == ["megatron_resume", "pretrain_gpt.py"]
+    assert argv[argv.index("--exit-signal") + 1] == "SIGUSR1" and "--exit-signal-handler" in argv
     assert (plan.env["CHECKPOINT_DIR"], plan.env["JOB_SECONDS"], plan.env["MARGIN_SECONDS"]) == (folder, "100", "30")
     assert plan.walltime_minutes == 2  # the job limit, in Slurm's whole minutes
     # Without segments: nothing saved, no job limit (the seed is one job, as before).
     plain = megatron_seed.prepare(mlrepro_config.load(
         {"benchmarks": ["gpt_126m"], "system": "device-h200x2",
          "pretrain": {"train_iters": 300, "megatron": str(FIXTURES / "megatron_standin")}}, ws), "gpt_126m", 1)
-    assert "--save" not in Path(plain.env["MEGATRON_LAUNCH_FILE"]).read_text() and "JOB_SECONDS" not in plain.env
+    plain_line = Path(plain.env["MEGATRON_LAUNCH_FILE"]).read_text()
+    assert "--save" not in plain_line and "megatron_resume" not in plain_line and "JOB_SECONDS" not in plain.env
 
 
 FAKE_MEGATRON = r'''
@@ -97,6 +101,17 @@ def test_run_and_time_gives_megatron_the_job_limit_and_tells_the_chain_where_it_
     said = segments.segment_record(out.stdout)
     assert said == {"status": "resume", "from_step": 260, "to_step": 280, "train_s": 2.3, "val_loss": 3.95}
     assert not segments.finished(out.stdout)
+
+
+def test_a_save_on_the_signal_ends_the_segment_as_its_clock_would(tmp_path):
+    (tmp_path / "fake_megatron.py").write_text(FAKE_MEGATRON.replace("after 1.0004 minutes", "after receiving SIGTERM."))
+    launch = tmp_path / "launch.sh"
+    launch.write_text(shlex.join(["python3", str(tmp_path / "fake_megatron.py")]) + "\n")
+    out = subprocess.run(["bash", str(RUN_AND_TIME)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "MEGATRON_DIR": str(tmp_path), "MEGATRON_LAUNCH_FILE": str(launch),
+                              "CHECKPOINT_DIR": str(tmp_path / "ckpt")})
+    assert out.returncode == 0, out.stderr
+    assert segments.segment_record(out.stdout)["status"] == "resume"
 
 
 def test_a_job_limit_under_megatrons_one_minute_is_refused(tmp_path):
