@@ -116,7 +116,9 @@ def test_the_trainers_checkpoints_are_the_folders_mlrepro_reads(train, tmp_path)
     assert [c.step for c in checkpoints.listing(tmp_path)] == [40, 80]
     last = checkpoints.latest(tmp_path)
     assert (last.step, (last.path / "state.pt").read_bytes()) == (80, bytes([80]))
-    assert json.loads((last.path / "meta.json").read_text()) == {"step": 80, "val_loss": 4.8, "samples": 1280}
+    meta = json.loads((last.path / "meta.json").read_text())
+    assert meta == {"step": 80, "val_loss": 4.8, "samples": 1280, "files": {"state.pt": 1}}
+    assert checkpoints.problems(last) == []  # the sizes it lists are the ones mlrepro checks before a resume
     assert not (tmp_path / ".tmp_step_00000100.123").exists()
     assert [c[0] for c in train.checkpoints(tmp_path)] == [40, 80]
 
