@@ -105,6 +105,10 @@ class AttemptPaths:
         """run.sub's run log(s), ${LOGDIR}/${DATESTAMP}_1.log: a seed runs with NEXP=1."""
         return sorted(self.folder.glob("*_1.log"))
 
+    def logs(self) -> list[Path]:
+        """Everything the attempt's run writes as it goes: run.sub's logs and Slurm's output (the hang watch's)."""
+        return sorted([*self.run_sub_logs(), *self.folder.glob("slurm-*.out")])
+
     def newest_log(self) -> Path | None:
         """The log written last in the attempt's folder (the running attempt's progress is read from it)."""
         logs = sorted((p for p in self.folder.glob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)

@@ -224,6 +224,8 @@ def _seed_status(seed: int, folder: Path,
         exit_code = failure.get("exit_code")
         if exit_code not in (None, 0) and "exit" not in str(reason):
             reason = f"{reason} (exit code {exit_code})"
+        if failure.get("error_lines"):  # the trainer's own last words (mlrepro.launch.attempt.error_lines)
+            reason = f"{reason}; last error: {str(failure['error_lines'][-1]).strip()[:160]}"
         return SeedStatus(seed=seed, state=FAILED, job_id=str(failure.get("job_id") or job_id or "") or None,
                           slurm_state=failure.get("state"), nodes=_nodes(failure.get("nodes")),
                           reason=str(reason), attempt=attempt)

@@ -180,14 +180,13 @@ class Budget:
         if recovered:
             self.last_signature = None  # the next attempt starts from another checkpoint
         elif cls == FAILED_BEFORE_FIRST_STEP:
-            return Verdict(False, "it failed before its first new step (a load or configuration error: "
-                                  "retrying cannot mend it)")
+            return Verdict(False, "a load or configuration error, which retrying cannot mend")
         elif repeated and cls == FAILED_MID_RUN:
             return Verdict(False, "the same error twice in a row")
         self.used = 0 if progressed else self.used + 1
         if self.used > self.retries:
-            return Verdict(False, f"{self.used} failed attempt(s) in a row without progress "
-                                  f"(the budget is {self.retries} retr{'y' if self.retries == 1 else 'ies'})")
+            return Verdict(False, f"{self.used} failed attempt(s) in a row without progress, beyond its budget "
+                                  f"of {self.retries} retr{'y' if self.retries == 1 else 'ies'}")
         return Verdict(True)
 
 
@@ -196,7 +195,7 @@ class HangRule:
     """When a running attempt counts as hung (the benchmark's `hang:` block)."""
 
     multiple: float = 5.0  # x the longest interval between progress lines seen so far
-    floor_s: float = 120.0  # never less than this once training has started
+    floor_s: float = 600.0  # never less than this once training has started: a save or an evaluation is quiet
     startup_s: float = 1800.0  # before the first progress line: loading, compiling, the first evaluation
 
     @classmethod

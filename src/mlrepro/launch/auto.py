@@ -24,12 +24,11 @@ def run_seed(plan: SeedPlan, system: System, run_log: Path) -> None:
     backend(plan)(plan, system, run_log)
 
 
-def run_seed_chain(plan: SeedPlan, system: System, run_log: Path, limits: chain.Limits | None) -> None:
-    """The seed as one job, or, for a checkpointing benchmark (limits given), as a chain of segments."""
-    if limits is None:
-        run_seed(plan, system, run_log)
-    else:
-        chain.run_seed(plan, system, run_log, run_seed, limits)
+def run_seed_attempts(plan: SeedPlan, system: System, run_log: Path, limits: chain.Limits | None, retries: int,
+                      finish: Callable[[], None]) -> dict:
+    """The seed's attempts on the plan's scheduler, as one job or, for a checkpointing benchmark (limits
+    given), as a chain of segments, under the one attempt policy (mlrepro.launch.chain.run_seed)."""
+    return chain.run_seed(plan, system, run_log, run_seed, limits, retries, finish)
 
 
 def run_array(plan: array.ArrayPlan, spec: dict, root: Path, system: System | None, todo_of: Callable[[], list[int]],

@@ -1,19 +1,23 @@
-"""A pretraining seed as a chain of time-limited jobs, each resuming from the last checkpoint.
+"""A seed's attempts one after another, and a pretraining seed as a chain of time-limited jobs.
 
-A benchmark with a `segments:` block gives its trainer a checkpoint folder (the seed's
+Every seed runs here as attempts under one policy (mlrepro.launch.attempt): each ended attempt gets
+its class, and the seed goes on or ends by it, one budget of failed attempts for retries and segments
+alike. A benchmark with a `segments:` block gives its trainer a checkpoint folder (the seed's
 checkpoints/) and, when a job limit applies (the benchmark's job_seconds or the system's
-max_job_minutes, the shorter), that limit and a margin: the trainer stops `margin` before the
-limit, writes a checkpoint and ends without run_stop, printing a `segment: {json}` line. The
-chain runs segment after segment (each one an attempt of the seed, submitted by mlrepro.launch)
-until the run's log has run_stop. Its state is on disk in the seed's folder (segments.json and
-the checkpoints), so a workflow killed between segments goes on where it was when run again; a
-segment that dies without a checkpoint (SIGKILL, scancel) is followed by one that resumes from
-the last good checkpoint. `max_stalls` segments in a row without a new checkpoint fail the seed.
+max_job_minutes, the shorter), that limit and a margin: the trainer stops `margin` before the limit
+(or when SIGUSR1 comes, `save_signal_seconds` before it), writes a checkpoint and ends without
+run_stop, printing a `segment: {json}` line. The chain runs segment after segment until the run's log
+has run_stop. Its state is on disk in the seed's folder (segments.json and the checkpoints), so a
+workflow killed between segments goes on where it was when run again; a segment that dies without a
+checkpoint (SIGKILL, scancel, a hang stopped by the watch) is followed by one that resumes from the
+last good checkpoint, and a checkpoint found damaged, or that a resume dies loading, is set aside.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import re
 import time
@@ -22,10 +26,14 @@ from pathlib import Path
 from typing import Callable
 
 from mlrepro import paths
-from mlrepro.launch.job import SeedFailed, now, record_failure
 from mlrepro.formats import checkpoints
+from mlrepro.launch import attempt
+from mlrepro.launch.job import SeedFailed, now, record_failure
 from mlrepro.paths import SeedPaths
+from mlrepro.slurm import node_health
 from mlrepro.util.fsutil import atomic_write_json
+
+log = logging.getLogger(__name__)
 
 SEGMENT_LINE = re.compile(r"\bsegment: (\{.*\})\s*$", re.MULTILINE)
 RUN_STOP = re.compile(r':::MLLOG .*"key": "run_stop"')
@@ -35,7 +43,7 @@ RUN_STOP = re.compile(r':::MLLOG .*"key": "run_stop"')
 class Limits:
     job_seconds: float | None  # None: no limit, the seed is one job (still checkpointed)
     margin_seconds: float
-    max_stalls: int
+    save_signal_seconds: float = 0  # SIGUSR1 this long before the limit (0: the trainer's margin alone)
 
 
 def limits(segments: dict | None, max_job_minutes: float | None) -> Limits | None:
@@ -43,8 +51,9 @@ def limits(segments: dict | None, max_job_minutes: float | None) -> Limits | Non
     if segments is None:
         return None
     candidates = [v for v in (segments.get("job_seconds"), max_job_minutes and 60.0 * max_job_minutes) if v]
-    return Limits(min(candidates) if candidates else None, float(segments.get("margin_seconds", 0)),
-                  int(segments.get("max_stalls", 2)))
+    job = min(candidates) if candidates else None
+    return Limits(job, float(segments.get("margin_seconds", 0)),
+                  float(segments.get("save_signal_seconds", 0)) if job else 0.0)
 
 
 def run_env(lim: Limits, seed_dir: Path) -> dict[str, str]:
@@ -101,46 +110,161 @@ def _step(folder: Path) -> int:
     return checkpoints.latest_step(folder)
 
 
-class ChainStalled(RuntimeError):
-    """Segments in a row ended without a new checkpoint: the chain would not get anywhere."""
+def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | None, retries: int,
+             finish: Callable[[], None] | None = None) -> dict:
+    """Attempts of the seed, each `launch_one(plan, system, run_log)` (the local or Slurm backend chosen by
+    mlrepro.launch.auto), until one finishes or the attempt policy (mlrepro.launch.attempt) ends the seed.
 
-
-def run_chain(seed_dir: Path, run_log: Path, run_segment: Callable[[], None], lim: Limits,
-              failures: tuple[type[BaseException], ...] = ()) -> dict:
-    """Run segments until the run's log (run_log, the last segment's) has run_stop; the chain's state.
-
-    `run_segment` launches one job and returns when it ends; an exception in `failures` (a failed
-    or killed job) ends that segment, and the next one resumes from the last good checkpoint.
-    """
-    files = SeedPaths(seed_dir)
-    state = read_state(seed_dir)
+    A checkpointing seed (`lim` given) is a chain: each attempt resumes from the last good checkpoint,
+    and every one is recorded in segments.json with its class, steps, GPU-seconds and the work it lost.
+    `finish()` takes a finished attempt's log as the seed's result (kinds' finish_seed); a SeedFailed it
+    raises is one more failed attempt. A failure the backend says no retry can mend (changed inputs,
+    leftover processes, a full disk, the early stop, a divergence) ends the seed at once, as before.
+    Returns the chain's state ({"segments": []} for a seed that is not chained)."""
+    files = SeedPaths(plan.seed_dir)
+    chained = lim is not None
+    state = read_state(plan.seed_dir) if chained else {"segments": []}
     folder = files.checkpoints
-    stalls = 0
+    budget = attempt.Budget(retries)
+    set_aside_once = False
     while True:
-        before, started, started_at, error = _step(folder), time.monotonic(), now(), None
-        # The previous segment's log must not speak for a job that dies before writing its own
-        # (every attempt keeps its own log in attempt_K/).
+        if chained:
+            _set_aside_damaged(folder, run_log)
+        before, started, started_at = _step(folder) if chained else 0, time.monotonic(), now()
+        # The previous attempt's log must not speak for one that dies before writing its own (every
+        # attempt keeps its own log in attempt_K/).
         run_log.parent.mkdir(parents=True, exist_ok=True)
         run_log.write_text("")
+        failure, refused, decided_elsewhere = None, None, False
         try:
-            run_segment()
-        except failures as exc:
-            error = exc
+            launch_one(plan, system, run_log)
+        except SeedFailed as exc:
+            failure = paths.read_json_if_exists(files.failure) or {}
+            if not exc.retry and failure.get("state") != "CANCELLED":
+                raise
+            failure["message"] = str(exc)
+            # A cancel made while an earlier invocation ran was not this one's decision: it is retried.
+            decided_elsewhere = exc.retry
         text = run_log.read_text(errors="replace") if run_log.exists() else ""
         said = segment_record(text) or {}
-        done = finished(text)
-        after = said.get("to_step", _step(folder)) if done else _step(folder)
-        state["segments"].append(_record(
+        backend_state = (failure or {}).get("state", "COMPLETED")
+        cls = attempt.classify(attempt.Ended(
+            backend_state, text, finished=finished(text), saved_at_limit=said.get("status") == "resume",
+            node_side=node_health.node_side(backend_state, text), exit_code=(failure or {}).get("exit_code")))
+        if failure is None and finish is not None and (cls == attempt.FINISHED or not chained):
+            try:
+                finish()
+            except SeedFailed as exc:
+                if not exc.retry:
+                    raise
+                refused = exc
+                failure = paths.read_json_if_exists(files.failure) or {"message": str(exc)}
+                cls = attempt.FAILED_MID_RUN if cls == attempt.FINISHED else cls
+        after = (said.get("to_step", _step(folder)) if cls == attempt.FINISHED else _step(folder)) if chained else 0
+        failed = cls not in attempt.NOT_FAILURES
+        errors = attempt.error_lines(text) if failed else []
+        sig = attempt.signature(text) if failed else None
+        recovered = None
+        if (cls == attempt.FAILED_BEFORE_FIRST_STEP and chained and before and not set_aside_once
+                and _LOAD_ERROR.search("\n".join(errors))):
+            # A resume that dies loading its checkpoint: that checkpoint is set aside once, the previous one used.
+            recovered = checkpoints.set_aside(folder, before)
+            set_aside_once = recovered is not None
+            after = _step(folder)
+        record = _record(
             len(state["segments"]) + 1, said, started=started_at, ended=now(), from_step=before, to_step=after,
-            wall_s=round(time.monotonic() - started, 3), status=None if said else "killed",
-            error=str(error) if error else None))
-        atomic_write_json(files.segments, state)
-        if done:
+            wall_s=round(time.monotonic() - started, 3), status=said.get("status") or "killed",
+            error=(failure or {}).get("message") or (failure or {}).get("reason"),
+            **_attempt_fields(plan, cls, text, after, errors, sig, recovered))
+        record["gpu_s"] = round(record["wall_s"] * getattr(plan, "ranks", 1), 1)
+        record["attempt"] = files.attempts()[-1].number if files.attempts() else None
+        _mark_attempt(files, cls)
+        if chained:
+            state["segments"].append(record)
+            atomic_write_json(files.segments, state)
+        verdict = budget.after(cls, sig, progressed=chained and after > before, chained=chained or decided_elsewhere,
+                               recovered=recovered is not None)
+        if cls == attempt.FINISHED and refused is None:
             return state
-        stalls = stalls + 1 if after <= before else 0
-        if stalls > lim.max_stalls:
-            raise ChainStalled(f"{seed_dir.name}: {stalls} segment(s) in a row ended without a new checkpoint "
-                               f"(last at step {after}); last error: {error or 'none'}") from error
+        if not verdict.go_on:
+            reason = f"{attempt.DESCRIPTIONS[cls]} ({verdict.reason})" if verdict.reason != "cancelled" else None
+            if reason:
+                why = (failure or {}).get("reason") or record["error"]
+                reason = f"{reason}: {why}" if why else reason
+                record_failure(plan.seed_dir, reason,
+                               **{**{k: v for k, v in (failure or {}).items() if k not in ("reason", "time", "message")},
+                                  "state": backend_state, "class": cls, "error_lines": errors, "signature": sig,
+                                  "attempts": budget.history})
+            raise SeedFailed(f"seed {plan.seed}: {reason or (failure or {}).get('message') or 'cancelled'}"
+                             + ("\n  " + "\n  ".join(errors[-5:]) if errors else ""), retry=False)
+        if failure is not None and chained:
+            # The chain goes on: the segment's record keeps why it ended, and the seed is not "failed".
+            files.failure.unlink(missing_ok=True)
+        if failure is not None:
+            log.warning("seed %s: attempt %s %s; %s", plan.seed, record.get("attempt") or "", attempt.DESCRIPTIONS[cls],
+                        "the chain goes on from the last good checkpoint" if chained else "retrying")
+
+
+# What a trainer says when the checkpoint it resumes from cannot be read.
+_LOAD_ERROR = re.compile(r"load|checkpoint|unpickl|PytorchStreamReader|EOFError|zip archive|corrupt", re.IGNORECASE)
+
+
+def _set_aside_damaged(folder: Path, run_log: Path) -> None:
+    """Checkpoints whose files are not what was written (mlrepro.formats.checkpoints.problems) are set aside
+    before an attempt would resume from them, newest first, each named in the log."""
+    while (last := checkpoints.latest(folder)) is not None and (found := checkpoints.problems(last)):
+        aside = checkpoints.set_aside(folder, last.step)
+        log.warning("checkpoint of step %d set aside as %s (%s); resuming from the one before", last.step, aside,
+                    "; ".join(found))
+
+
+def _attempt_fields(plan, cls: str, text: str, saved: int, errors: list[str], sig: str | None,
+                    set_aside: Path | None) -> dict:
+    """What a segment's record adds about the attempt: its class, the work it lost since the last save
+    (steps trained past it, and their seconds at the attempt's own pace), its error."""
+    steps = [s for s in attempt.steps_in(text) if s >= 0]
+    trained = _trained_steps(text)
+    lost_steps = max(0, trained[-1][0] - saved) if trained and cls != attempt.FINISHED else 0
+    pace = sum(t for _, t in trained[-5:]) / len(trained[-5:]) if trained else None
+    fields = {"class": cls, "lost_steps": lost_steps,
+              "lost_s": round(lost_steps * pace, 1) if pace is not None and lost_steps else 0.0,
+              "steps_seen": len(steps)}
+    if errors:
+        fields.update(error_lines=errors, signature=sig)
+    if set_aside is not None:
+        fields["set_aside"] = str(set_aside)
+    return fields
+
+
+# A trainer's step lines with the seconds a step took: mini_gpt's iter_s, Megatron-LM's elapsed ms.
+_TIMED_STEP = re.compile(r"progress: step (\d+)/\d+ .*?iter_s ([\d.]+)"
+                         r"|\biteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
+
+
+def _trained_steps(text: str) -> list[tuple[int, float]]:
+    """(step, seconds per step) of each new step line of a log (after a resume's marker)."""
+    resumed = None
+    for resumed in attempt.RESUMED.finditer(text):
+        pass
+    found = []
+    for m in _TIMED_STEP.finditer(text, resumed.end() if resumed else 0):
+        if m.group(1):
+            found.append((int(m.group(1)), float(m.group(2))))
+        else:
+            found.append((int(m.group(3)), float(m.group(4)) / 1000))
+    return found
+
+
+def _mark_attempt(files: SeedPaths, cls: str) -> None:
+    """The latest attempt's attempt.json says its class (written by its backend; never fails the seed)."""
+    attempts = files.attempts()
+    if not attempts:
+        return
+    record_path = attempts[-1].record
+    record = paths.read_json_if_exists(record_path)
+    if record is not None:
+        with contextlib.suppress(OSError):
+            atomic_write_json(record_path, {**record, "class": cls})
 
 
 def take_back(seed_dir: Path, run_log: Path) -> bool:
@@ -160,30 +284,3 @@ def take_back(seed_dir: Path, run_log: Path) -> bool:
 def summary(seed_dir: Path) -> list[dict]:
     """The seed's segments for its run record and report (empty for a seed that ran as one job)."""
     return read_state(seed_dir)["segments"]
-
-
-class SegmentEnded(RuntimeError):
-    """A segment's job failed or was killed; the chain goes on from the last good checkpoint."""
-
-
-def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits) -> dict:
-    """The seed's chain, each segment launched by `launch_one(plan, system, run_log)` (the local or
-    Slurm backend, chosen by mlrepro.launch.auto). A failure that retrying cannot mend (changed inputs,
-    leftover processes, a full disk) still fails the seed; a cancelled or crashed job is one more segment."""
-    def segment() -> None:
-        try:
-            launch_one(plan, system, run_log)
-        except SeedFailed as exc:
-            failure = SeedPaths(plan.seed_dir).failure
-            why = (paths.read_json_if_exists(failure) or {}).get("state")
-            if not exc.retry and why != "CANCELLED":
-                raise
-            # The chain goes on: the segment's record keeps why it ended, and the seed is not "failed".
-            failure.unlink(missing_ok=True)
-            raise SegmentEnded(f"{exc} [{why}]") from exc
-
-    try:
-        return run_chain(plan.seed_dir, run_log, segment, lim, failures=(SegmentEnded,))
-    except ChainStalled as exc:
-        record_failure(plan.seed_dir, str(exc), state="STALLED")
-        raise SeedFailed(str(exc)) from None

@@ -63,6 +63,8 @@ class SeedPlan:
     generated: bool = False  # the config was written by mlrepro plan, not published
     description: str = ""  # what the DAG shows, where the kind says more than the shape (a Megatron dry run)
     gpus: int = 0  # the ranks, where a layout uses fewer than every GPU of its nodes (0: all of them)
+    hang: dict | None = None  # the benchmark's `hang:` block (mlrepro.launch.attempt.HangRule.of)
+    save_signal_s: float = 0  # SIGUSR1 this long before a segment's job limit: save and stop (0: none)
 
     @property
     def files(self) -> SeedPaths:
@@ -144,8 +146,16 @@ def with_sbatch(plan: SeedPlan, system: System) -> SeedPlan:
         account=system.account,
         exclude=system.exclude_nodes,
         job_name=plan.job_name,
+        # Slurm signals every process of the job's steps: the trainer saves and stops, its launchers ignore it.
+        signal=f"USR1@{plan.save_signal_s:.0f}" if plan.save_signal_s else None,
     )
     return dataclasses.replace(plan, sbatch=request)
+
+
+def save_signal_after(plan: SeedPlan) -> float | None:
+    """Seconds into a segment's job when its trainer is sent SIGUSR1 to save and stop (None: never)."""
+    limit = plan.env.get("JOB_SECONDS")
+    return max(0.0, float(limit) - plan.save_signal_s) if plan.save_signal_s and limit else None
 
 
 def job_name(benchmark: str, seed: int, seed_dir: Path) -> str:

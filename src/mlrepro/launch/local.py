@@ -17,6 +17,7 @@ import submitit
 
 from mlrepro import paths
 from mlrepro.config import System
+from mlrepro.launch import attempt as attempt_policy
 from mlrepro.launch.job import (
     RESERVE_BYTES,
     Diverged,
@@ -31,6 +32,7 @@ from mlrepro.launch.job import (
     record_attempt,
     record_failure,
     run_env,
+    save_signal_after,
     write_job,
 )
 from mlrepro.paths import JobRecord
@@ -242,7 +244,15 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, cancel)
-        why = _wait_or_stop(job, plan, ours)
+        rule = attempt_policy.HangRule.of(plan.hang)
+        watch = attempt_policy.HangWatch(rule, lambda: [attempt_log]) if rule else None
+        why = _wait_or_stop(job, plan, ours, watch, here.pid_file)
+        if why is not None and why.startswith(HUNG):
+            state = "HUNG"
+            _take_log(attempt_log, run_log)
+            record_failure(seed_dir, why, state="HUNG", attempt=attempt, nodes=[socket.gethostname()],
+                           last_line=watch.last_line)
+            raise SeedFailed(f"seed {plan.seed}: {why}")
         if why == "stopped":
             state = "CANCELLED"
             record_failure(seed_dir, "early stop: the reproduction is settled; this seed was cancelled",
@@ -277,17 +287,30 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
     _check_exit(plan, rc, attempt, attempt_log, run_log)
 
 
-def _wait_or_stop(job, plan: SeedPlan, marker: str) -> str | None:
+HUNG = "hung: "
+
+
+def _wait_or_stop(job, plan: SeedPlan, marker: str, watch: attempt_policy.HangWatch | None = None,
+                  pid_file: Path | None = None) -> str | None:
     """Wait for the attempt; why it was cancelled meanwhile ("stopped": the early stop settled the
-    reproduction; "diverged: ...": its evaluations left the reference band), or None."""
+    reproduction; "diverged: ...": its evaluations left the reference band; "hung: ...": no progress
+    for longer than the hang rule allows), or None. At a segment's save time its run gets SIGUSR1."""
+    save_after, started, signalled = save_signal_after(plan), time.monotonic(), False
     while not job.done():
         gone = diverged(plan)
         why = "stopped" if early_stop_settled(plan) else (gone.get("reason") or "diverged") if gone is not None else None
+        if why is None and watch is not None and (hung := watch.poll()):
+            why = HUNG + hung
         if why:
             job.cancel()
             with contextlib.suppress(proctree.Survivors):
                 proctree.kill(marker)
             return why
+        if (save_after is not None and not signalled and time.monotonic() - started >= save_after
+                and pid_file is not None and pid_file.is_file()):
+            signalled = bool(proctree.send(marker, signal.SIGUSR1, under=int(pid_file.read_text())))
+            log.info("seed %d: SIGUSR1 sent %.0f s before the job's limit: save and stop", plan.seed,
+                     plan.save_signal_s)
         time.sleep(1)
     return None
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mlrepro import paths
 from mlrepro.config import System
+from mlrepro.launch import attempt as attempt_policy
 from mlrepro.launch.job import (
     Diverged,
     EarlyStopped,
@@ -32,6 +33,8 @@ from mlrepro.util import secrets
 
 log = logging.getLogger(__name__)
 
+
+HUNG = "hung: "
 
 # States after which a node is suspected: the seed's retry avoids the nodes it ran on.
 NODE_SUSPECT_STATES = {"NODE_FAIL", "FAILED", "OUT_OF_MEMORY"}
@@ -117,16 +120,25 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     record_attempt(here.folder, job.attempt, "slurm", nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
                    start=job.submitted, job_id=job.job_id, state="PENDING", device=system.device)
     stopped = []
+    rule = attempt_policy.HangRule.of(plan.hang)
+    watches: list[attempt_policy.HangWatch] = []
+
+    def started(info) -> None:
+        # The hang watch counts from the job's start, not from its submission: a queue is no hang.
+        if rule is not None and info.state == "RUNNING" and not watches:
+            watches.append(attempt_policy.HangWatch(rule, here.logs))
 
     def settled() -> bool:
         if not stopped and early_stop_settled(plan):
             stopped.append("stopped")
         if not stopped and (gone := diverged(plan)):
             stopped.append(gone.get("reason") or "diverged")
+        if not stopped and watches and (hung := watches[0].poll()):
+            stopped.append(HUNG + hung)
         return bool(stopped)
 
     info = slurm.wait(job.job_id, poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command,
-                      stop=settled)
+                      stop=settled, on_state=started)
     _record_cost(plan, job, info, system.device)
     # The job's own logs are redacted in place as soon as it ends; run.log is made from them.
     for written in here.folder.glob("*"):
@@ -137,6 +149,10 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     run_log.write_text("".join(p.read_text(errors="replace") for p in logs) if logs else "")
     write_job(seed_dir, dataclasses.replace(job, collected=now(), state=info.state, end=info.end,
                                             elapsed_s=info.elapsed_seconds, nodes=tuple(info.nodes)))
+    if stopped and stopped[0].startswith(HUNG) and info.state != "COMPLETED":
+        record_failure(seed_dir, stopped[0], state="HUNG", job_id=job.job_id, attempt=job.attempt,
+                       nodes=list(info.nodes), last_line=watches[0].last_line)
+        raise SeedFailed(f"seed {plan.seed}: Slurm job {job.job_id} {stopped[0]}")
     if stopped and stopped[0] != "stopped" and info.state != "COMPLETED":
         record_failure(seed_dir, stopped[0], state="DIVERGED", job_id=job.job_id, attempt=job.attempt)
         raise Diverged(f"seed {plan.seed}: Slurm job {job.job_id} cancelled, {stopped[0]}")

@@ -160,21 +160,45 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     return "".join(parts)
 
 
+# An attempt's class (mlrepro.launch.attempt), as the table says it; older records have only a status.
+_CLASS_WORDS = {"finished": "finished", "saved_at_limit": "saved at its limit", "cancelled": "preempted or cancelled",
+                "node_failure": "node failure", "hung": "hung", "failed_before_first_step": "failed before its first new step",
+                "failed_mid_run": "failed mid-run"}
+_FINE = {"finished", "saved_at_limit", "resume", "success"}
+
+
 def _segments_html(runs: list[dict]) -> str:
     """Seeds run as a chain of time-limited jobs (mlrepro.launch.chain): one row per job."""
     chained = [r for r in runs if len(r.get("segments") or []) > 1]
     if not chained:
         return ""
+
+    def lost(s: dict) -> str:
+        if not s.get("lost_steps"):
+            return "0" if "lost_steps" in s else ""
+        return f"{escape(s['lost_steps'])} steps, {number(s.get('lost_s'), '.1f')} s"
+
+    def said(s: dict) -> str:
+        cls = s.get("class") or s.get("status")
+        return escape(_CLASS_WORDS.get(cls, cls))
+
+    def error(s: dict) -> str:
+        last = (s.get("error_lines") or [None])[-1]
+        return escape(" | ".join(str(x) for x in (s.get("error"), last) if x))
+
     rows = "".join(
         f"<tr><td>{escape(r.get('seed'))}</td><td>{escape(s.get('index'))}</td><td>{escape(s.get('from_step'))} &rarr; "
         f"{escape(s.get('to_step'))}</td><td>{number(s.get('train_s'), '.1f')}</td><td>{number(s.get('wall_s'), '.1f')}</td>"
-        f"<td class='{'bad' if s.get('status') == 'killed' else 'ok'}'>{escape(s.get('status'))}</td>"
-        f"<td>{number(s.get('val_loss'), '.4f')}</td><td class='small'>{escape(s.get('error') or '')}</td></tr>"
+        f"<td>{number(s.get('gpu_s'), '.0f')}</td>"
+        f"<td class='{'ok' if (s.get('class') or s.get('status')) in _FINE else 'bad'}'>{said(s)}</td>"
+        f"<td>{lost(s)}</td><td>{number(s.get('val_loss'), '.4f')}</td><td class='small'>{error(s)}</td></tr>"
         for r in chained for s in r["segments"])
     return ("<h2>Segments</h2><div class='small'>Seeds longer than the job limit ran as chained jobs, each resuming "
-            "from the last checkpoint; time to train adds up the segments' training time.</div>"
+            "from the last checkpoint; time to train adds up the segments' training time. Each job's class says how "
+            "it ended; work lost is what it trained past its last checkpoint.</div>"
             "<div class='scroll'><table id='segments'><tr><th>seed</th><th>job</th><th>steps</th><th>training s</th>"
-            f"<th>wall s</th><th>ended</th><th>val loss</th><th>error</th></tr>{rows}</table></div>")
+            "<th>wall s</th><th>GPU s</th><th>ended</th><th>work lost</th><th>val loss</th><th>error</th></tr>"
+            f"{rows}</table></div>")
 
 
 def write_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None, out_html: str | os.PathLike,

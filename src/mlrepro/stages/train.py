@@ -20,8 +20,9 @@ log = logging.getLogger("mlrepro.stages")
 @rule(lambda smk, s: ((s, smk.wildcards.benchmark, int(smk.wildcards.seed), Path(smk.output[0]),
                        Path(smk.log[0])), {}), log=OWN)
 def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -> None:
-    """Run the seed, retrying a failed attempt up to the benchmark's `retries` times. Its plan is made
-    once, here, and kept in the seed folder (plan.json) for the score and `mlrepro status`.
+    """Run the seed's attempts (mlrepro.launch: each ended attempt classed, one budget of `retries` failed
+    attempts). Its plan is made once, here, and kept in the seed folder (plan.json) for the score and
+    `mlrepro status`.
 
     With the opt-in early stop (mlrepro.scoring.early_stop) a settled reproduction submits nothing
     more: the seed is marked stopped instead; after each finished seed the outcome is looked at."""
@@ -43,22 +44,16 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
     if adopted(kind, bench, plan, log_path, out, chained=limits is not None):
         return
     with _band_watch(settings, bench, plan):
-        for attempt in range(bench.retries + 1):
-            try:
-                auto.run_seed_chain(plan, settings.system, log_path, limits)
-                kind.finish_seed(bench, plan, log_path, out)
-                finished.record(plan.seed_dir, out)
-                _look_at_the_outcome(settings, bench, plan)
-                return
-            except job.EarlyStopped as exc:
-                log.info("%s", exc)
-                early_stop.mark_stopped(plan.seed_dir, out, early_stop.read_decision(settings.root, benchmark) or {},
-                                        cancelled=True)
-                return
-            except job.SeedFailed as exc:
-                if attempt == bench.retries or not exc.retry:
-                    raise
-                log.warning("%s; retrying (%d of %d)", exc, attempt + 1, bench.retries)
+        try:
+            auto.run_seed_attempts(plan, settings.system, log_path, limits, bench.retries,
+                                   finish=lambda: kind.finish_seed(bench, plan, log_path, out))
+        except job.EarlyStopped as exc:
+            log.info("%s", exc)
+            early_stop.mark_stopped(plan.seed_dir, out, early_stop.read_decision(settings.root, benchmark) or {},
+                                    cancelled=True)
+            return
+    finished.record(plan.seed_dir, out)
+    _look_at_the_outcome(settings, bench, plan)
 
 
 def _look_at_the_outcome(settings, bench, plan: job.SeedPlan) -> None:

@@ -123,6 +123,31 @@ def kill(marker: str, timeout: float = 15.0, variable: str = MARKER) -> list[Pro
         time.sleep(0.1)
 
 
+def _descends_from(pid: int, ancestor: int) -> bool:
+    seen = set()
+    while pid and pid not in seen:
+        if pid == ancestor:
+            return True
+        seen.add(pid)
+        pid = _parent(pid) or 0
+    return False
+
+
+def send(marker: str, sig: int, under: int, variable: str = MARKER) -> list[Proc]:
+    """Send `sig` once to every live process of the seed that descends from `under` (the run's own
+    script: not the launcher processes above it, which the signal would end): a request, such as
+    SIGUSR1's "save and stop", that each process answers by its own handler."""
+    sent = []
+    for p in find(marker, variable):
+        if start_time(p.pid) == p.start and _descends_from(p.pid, under):
+            try:
+                os.kill(p.pid, sig)
+                sent.append(p)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return sent
+
+
 def kill_process(pid: int, start: int | None) -> bool:
     """SIGKILL `pid` if it is still the process that started at `start`."""
     if pid in _ancestors() or start is None or start_time(pid) != start:

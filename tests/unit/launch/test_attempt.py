@@ -67,7 +67,7 @@ def test_signature_ignores_numbers_and_addresses_but_not_the_error():
 def test_a_failure_before_the_first_new_step_ends_the_seed_at_once():
     budget = A.Budget(retries=5)
     verdict = budget.after(A.FAILED_BEFORE_FIRST_STEP, "abc", progressed=False, chained=True)
-    assert not verdict.go_on and "before its first new step" in verdict.reason
+    assert not verdict.go_on and "retrying cannot mend" in verdict.reason
 
 
 def test_a_bad_checkpoint_set_aside_lets_the_seed_go_on_once_per_cause():

@@ -37,7 +37,9 @@ RUN_AND_TIME = textwrap.dedent("""\
     mllog() { echo ":::MLLOG {\\"namespace\\": \\"\\", \\"time_ms\\": $1, \\"event_type\\": \\"$2\\", \\"key\\": \\"$3\\", \\"value\\": $4, \\"metadata\\": $5}"; }
     mllog 1000 POINT_IN_TIME seed $SEED '{}'
     mllog 2000 INTERVAL_START run_start null '{}'
-    if (( n <= ${FAIL_ATTEMPTS:-0} )); then echo "boom on attempt $n" >&2; exit 3; fi
+    if [[ -n "${FAIL_BEFORE_STEP:-}" ]]; then echo "ValueError: bad setting on attempt $n" >&2; exit 2; fi
+    mllog 3000 POINT_IN_TIME train_loss 2.0 '{"samples_count": 32}'
+    if (( n <= ${FAIL_ATTEMPTS:-0} )); then echo "RuntimeError: boom on attempt $n" >&2; exit 3; fi
     # A rank in a session of its own, as torch's elastic launcher starts them.
     if [[ -n "${RANK_IN_NEW_SESSION:-}" ]]; then setsid bash -c 'exec -a fake-rank sleep 300' & fi
     # The results folder fills up while the run writes its log.
@@ -146,6 +148,33 @@ def test_failed_attempt_is_retried_and_its_reason_kept_until_success(tree, monke
     stages.train_seed(settings(tree), "tiny", 1, out, log)
     assert (out.parent / "attempts").read_text().strip() == "2"
     assert out.exists() and not (out.parent / "failure.json").exists()
+
+
+@pytest.mark.slow
+def test_a_failure_before_the_first_step_is_not_retried(tree, monkeypatch):
+    write_benchmark(tree, retries=3)
+    monkeypatch.setenv("FAIL_BEFORE_STEP", "1")
+    out, log = seed_paths(tree, 1)
+    with pytest.raises(launch.SeedFailed, match="before its first new step"):
+        stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert (out.parent / "attempts").read_text().strip() == "1"
+    failure = json.loads((out.parent / "failure.json").read_text())
+    assert failure["class"] == "failed_before_first_step" and failure["attempts"] == ["failed_before_first_step"]
+    assert failure["error_lines"][-1] == "ValueError: bad setting on attempt 1" and failure["exit_code"] == 2
+    attempt = json.loads((out.parent / "attempt_1" / "attempt.json").read_text())
+    assert attempt["class"] == "failed_before_first_step"
+
+
+@pytest.mark.slow
+def test_the_same_error_twice_in_a_row_ends_the_seed_within_its_budget(tree, monkeypatch):
+    write_benchmark(tree, retries=5)
+    monkeypatch.setenv("FAIL_ATTEMPTS", "9")
+    out, log = seed_paths(tree, 1)
+    with pytest.raises(launch.SeedFailed, match="the same error twice in a row"):
+        stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert (out.parent / "attempts").read_text().strip() == "2"  # not 6: the error will not heal
+    failure = json.loads((out.parent / "failure.json").read_text())
+    assert failure["attempts"] == ["failed_mid_run", "failed_mid_run"] and failure["signature"]
 
 
 @pytest.mark.slow
