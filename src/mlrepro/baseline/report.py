@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlrepro.util.fsutil import atomic_write_text
+
 COLUMNS = {
     "workload": "Workload", "layout": "Layout",
     "model": "Model", "precision": "Precision Setting", "attention": "Attention", "mbs": "MBS", "gbs": "GBS",
@@ -62,8 +64,6 @@ def write(doc: dict, md_path: Path, html_path: Path, plot_path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mlrepro.util.fsutil import atomic_write_text
 
     rows, skipped = measured(doc)
     notes_md = "".join(f"- {line}\n" for line in skipped)

@@ -7,7 +7,9 @@ import logging
 import time
 from pathlib import Path
 
-from mlrepro import paths
+from mlrepro import config, paths
+from mlrepro.baseline import probe, report
+from mlrepro.preflight.run import load_settings
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger("mlrepro.baseline")
@@ -20,8 +22,6 @@ def baseline(system: str, settings: dict, out_dir: Path, megatron_rows: list[dic
     """Every configured probe run (an error is recorded in its row, the others still run), after the
     Megatron rows (workload (a), measured by mlrepro.baseline.megatron, or saying why not)."""
     import torch
-
-    from mlrepro.baseline import probe, report
 
     b = settings["baseline"]
     runs = list(megatron_rows)
@@ -63,9 +63,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mlrepro import config
-    from mlrepro.preflight.run import load_settings
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = Path(args.root).resolve()
     try:

@@ -25,8 +25,10 @@ from pathlib import Path
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.launch import chain, job
+from mlrepro.plan import hardware
 from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_source
-from mlrepro.scoring import megatron_log
+from mlrepro.scoring import megatron_log, megatron_score
+from mlrepro.scoring import rules as scoring_rules
 from mlrepro.util.fsutil import atomic_dir, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -174,8 +176,6 @@ def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmar
                plan: job.SeedPlan | None) -> dict:
     """Megatron-LM's own log scored: MFU against the system's GPU, on the ranks the seed ran with (its
     plan.json; planned again only for a seed run before plans were kept)."""
-    from mlrepro.scoring import megatron_score, rules as scoring_rules
-
     rules = scoring_rules.for_benchmark(bench)
     gpus = plan.ranks if plan else megatron_plan.chosen(settings.root, bench, settings.system.name,
                                                          settings.pretrain_overrides).layout.gpus
@@ -187,8 +187,6 @@ def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmar
 def unmet(root: Path, bench: mlrepro_config.Benchmark, system: mlrepro_config.System, *,
           with_implementation: bool) -> list[str]:
     """What the system lacks: a layout of the benchmark that the planner fits on it."""
-    from mlrepro.plan import hardware
-
     try:  # the planner, not a published config_<SYS>.sh, decides the layout
         megatron_plan.first_fit(root, bench, system.name)
     except megatron_plan.Refused as exc:

@@ -16,7 +16,10 @@ from mlrepro import paths
 from mlrepro.config import Benchmark, ConfigError, Settings, System
 from mlrepro.implementation import configs as implementation
 from mlrepro.launch import chain, job
+from mlrepro.plan import generate, hardware, search, workloads
 from mlrepro.scoring import mllog
+from mlrepro.scoring import rules as scoring_rules
+from mlrepro.scoring import score as scoring
 from mlrepro.util.fsutil import atomic_write_text
 
 NAME = "mlperf"
@@ -38,8 +41,6 @@ def implementation_config(bench: Benchmark, system: System):
             raise ConfigError(f"{bench.name} on system {system.name}: {exc}") from None
         unfit = exc
     # No published config fits: the planner writes one for this system, which then fits exactly.
-    from mlrepro.plan import generate, hardware, search
-
     try:
         generate.generate_config(bench, system)
     except (search.PlanError, hardware.HardwareUnknown) as why:
@@ -51,8 +52,6 @@ def implementation_config(bench: Benchmark, system: System):
 
 def _plannable(bench: Benchmark) -> bool:
     """An NVIDIA benchmark the planner has rules for, with published configs to start from."""
-    from mlrepro.plan import workloads
-
     folder = Path(bench.implementation_dir)
     return (bench.mlperf_benchmark in workloads.BENCHMARKS and folder.is_dir()
             and bool(implementation.list_configs(folder)))
@@ -128,8 +127,6 @@ def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, mllog_out: 
 
 
 def _generated(config_path: Path) -> bool:
-    from mlrepro.plan import generate
-
     return generate.is_generated(config_path)
 
 
@@ -177,9 +174,6 @@ def prepare(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
 
 def score_seed(settings: Settings, bench: Benchmark, seed: int, log_path: Path, plan: job.SeedPlan | None) -> dict:
     """The seed's run record from its MLLOG (the plan is not needed: MLLOG says everything)."""
-    from mlrepro.scoring import rules as scoring_rules
-    from mlrepro.scoring import score as scoring
-
     return scoring.score_run(log_path, scoring_rules.for_benchmark(bench), seed=seed)
 
 
