@@ -33,9 +33,8 @@ from mlrepro.util.fsutil import atomic_dir, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-NAME = "megatron"
-LAUNCH_FILE = "launch.sh"  # the local launch line (torchrun ...), in the seed folder
-ARGS_FILE = "megatron_args.txt"  # the per-rank pretrain_gpt.py arguments (run.sub), in the seed folder
+_LAUNCH_FILE = "launch.sh"  # the local launch line (torchrun ...), in the seed folder
+_ARGS_FILE = "megatron_args.txt"  # the per-rank pretrain_gpt.py arguments (run.sub), in the seed folder
 
 
 def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
@@ -70,7 +69,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
         save = {"save": str(seed_dir / chain.CHECKPOINTS),
                 "save_interval": int(overrides.get("save_interval") or megatron_launch.Run.eval_interval)}
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
-           "MEGATRON_DIR": str(megatron_dir(root, benchmark))}
+           "MEGATRON_DIR": str(_megatron_dir(root, benchmark))}
     walltime = megatron_plan.job_minutes(p, overrides)
     if limits is not None:
         env |= chain.run_env(limits, seed_dir)
@@ -79,11 +78,11 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     if prepared:
         run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"), **save)
         if slurm:
-            env |= {"MEGATRON_ARGS_FILE": str(seed_dir / ARGS_FILE), "DATADIR": str(corpus_dir.resolve()),
+            env |= {"MEGATRON_ARGS_FILE": str(seed_dir / _ARGS_FILE), "DATADIR": str(corpus_dir.resolve()),
                     "CONT": str(overrides.get("image") or "${CONT}")}
             line = shlex.join(megatron_launch.pretrain_args(run))
         else:
-            env["MEGATRON_LAUNCH_FILE"] = str(seed_dir / LAUNCH_FILE)
+            env["MEGATRON_LAUNCH_FILE"] = str(seed_dir / _LAUNCH_FILE)
             line = megatron_launch.torchrun_line(run, nproc=lay.gpus)
         env["MEGATRON_LINE"] = line
     else:
@@ -121,14 +120,15 @@ def prepare(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> job
     return dataclasses.replace(plan, env=env)
 
 
-def megatron_dir(root: Path, benchmark: str) -> Path:
+def _megatron_dir(root: Path, benchmark: str) -> Path:
+    """Where the benchmark's Megatron-LM checkout is put (ensure_megatron)."""
     return Path(root) / "resources" / benchmark / "megatron"
 
 
 def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
     """Megatron-LM at the benchmark's pinned commit in resources/<benchmark>/megatron/ (once): from
     the `pretrain: megatron:` folder or .tar.gz where given (no network), else fetched."""
-    dest = megatron_dir(settings.root, benchmark)
+    dest = _megatron_dir(settings.root, benchmark)
     if (dest / "pretrain_gpt.py").is_file():
         return dest
     given = settings.pretrain_overrides.get("megatron")

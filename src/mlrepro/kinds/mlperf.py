@@ -22,9 +22,6 @@ from mlrepro.scoring import rules as scoring_rules
 from mlrepro.scoring import score as scoring
 from mlrepro.util.fsutil import atomic_write_text
 
-NAME = "mlperf"
-
-
 @functools.lru_cache(maxsize=64)
 def _pick_config(impl_dir: Path, nodes: int, gpus_per_node: int, requested: str | None):
     # Sourcing every config_<SYS>.sh costs a bash each; the DAG asks once per seed and rule.
@@ -60,10 +57,10 @@ def _plannable(bench: Benchmark) -> bool:
 def plan_seed(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
     """The seed's plan: run_and_time.sh with the environment config_<SYS>.sh exports, plus the data's
     places, SEED and the chain's settings of a checkpointing benchmark; run.sub's sbatch line on Slurm."""
-    return plan_seeds(settings, benchmark, [seed])[seed]
+    return _plan_seeds(settings, benchmark, [seed])[seed]
 
 
-def plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.SeedPlan]:
+def _plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.SeedPlan]:
     """plan_seed of each of `seeds`, with what every seed shares (the config, the stages' recorded
     places, the chain's limits) read once: the DAG plans every seed of a benchmark at once."""
     bench = settings.benchmark(benchmark)
@@ -110,8 +107,8 @@ def plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.SeedP
     return plans
 
 
-def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, mllog_out: Path) -> None:
-    """Turn a finished run's log into the seed's mllog.txt, or record why it is not a result."""
+def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, out: Path) -> None:
+    """Turn a finished run's log into the seed's mllog.txt (`out`), or record why it is not a result."""
     parsed = mllog.parse_text(run_log.read_text(errors="replace") if run_log.exists() else "", source=str(run_log))
     stop = parsed.last("run_stop")
     if parsed.first("run_start") is None or stop is None:
@@ -122,7 +119,7 @@ def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, mllog_out: 
     if status != "success" and bench.not_converged == "rerun":
         job.record_failure(plan.seed_dir, f"run_stop status {status!r}", state="ABORTED")
         raise job.SeedFailed(f"seed {plan.seed}: run_stop status {status!r} (benchmark reruns non-converged seeds)")
-    atomic_write_text(mllog_out, parsed.to_text())
+    atomic_write_text(out, parsed.to_text())
     job.clear_failure(plan.seed_dir)
 
 
@@ -164,7 +161,7 @@ def dag_plans(settings: Settings, benchmark: str) -> dict[int, job.SeedPlan]:
     bench = settings.benchmark(benchmark)
     if not implementation_known(settings.root, bench):
         return {seed: dag_plan(settings, benchmark, seed) for seed in bench.seeds}
-    return plan_seeds(settings, benchmark, bench.seeds)
+    return _plan_seeds(settings, benchmark, bench.seeds)
 
 
 def prepare(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
