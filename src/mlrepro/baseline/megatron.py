@@ -1,4 +1,4 @@
-"""Workload (a) of the baseline (seed 003): Megatron-LM GPT through the pretraining family's benchmark.
+"""Workload (a) of the baseline (the baseline checklist's): Megatron-LM GPT through the pretraining family's benchmark.
 
 A short run per precision on the system's node, launched the way the benchmark's seeds are
 (mlrepro.kinds.megatron): Megatron-LM at the benchmark's pinned commit (or the workflow's

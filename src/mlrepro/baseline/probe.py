@@ -9,7 +9,7 @@ bf16 weight copy (autocast casts the weights for each micro-batch instead: 16 B 
 fp32_residual_connection off: the norms' saved inputs take the 2 B the memory model counts) or
 fp32; causal attention through SDPA (flash, or cuDNN's kernel) or FlexAttention; the whole forward and loss compiled
 as one graph (fullgraph; "block": each block on its own, one graph for all layers, compiled in
-seconds); gradient accumulation to the global batch as in seed 003 (GBS 128 = MBS 4 x GA 16 x
+seconds); gradient accumulation to the global batch as in the baseline checklist (GBS 128 = MBS 4 x GA 16 x
 DP 2). The vocabulary is GPT-2's padded to 50304 (a multiple of 128) as Megatron pads it, and the
 FLOP count uses it as Megatron's does (flops.megatron).
 """

@@ -1,4 +1,4 @@
-"""Seed 003's "Baseline Performance Report": the table in HTML and Markdown (pandas) and a plot (matplotlib).
+"""The baseline checklist's "Baseline Performance Report": the table in HTML and Markdown (pandas) and a plot (matplotlib).
 
 Measured rows of both workloads (a: Megatron-LM, b: the probe) share the table; rows not measured
 (not applicable, or an error) are listed under it with their reason.

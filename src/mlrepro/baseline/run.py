@@ -15,7 +15,7 @@ from mlrepro.util.fsutil import atomic_write_json
 log = logging.getLogger("mlrepro.baseline")
 
 FORMULA = ("Megatron-LM num_floating_point_operations (commit d98e8a6): 72 B s L h^2 (1 + s/(12h) + V/(12 L h)); "
-           "seed 003's 16 B s L h^2 (1 + s/(6h)) undercounts 4.5x (mlrepro.baseline.flops)")
+           "the baseline checklist's 16 B s L h^2 (1 + s/(6h)) undercounts 4.5x (mlrepro.baseline.flops)")
 
 
 def baseline(system: str, settings: dict, out_dir: Path, megatron_rows: list[dict] = ()) -> dict:
