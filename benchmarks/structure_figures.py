@@ -1,4 +1,4 @@
-"""The structure figures of docs/measurements/restructure_issue9.md: module count, largest module, functions over 60 lines.
+"""The structure figures of docs/measurements/restructure.md: module count, largest module, functions over 60 lines.
 
 Run from the repository root: `python benchmarks/structure_figures.py`.
 """

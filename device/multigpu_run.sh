@@ -7,13 +7,13 @@
 #   bash device/multigpu_run.sh PART
 #   mkdir -p /tmp/t && tar xzf .gpu/mg/tree.tar.gz -C /tmp/t && T=/tmp/t bash /tmp/t/device/multigpu_run.sh PART
 # PART node:  5 preflights of the 2-GPU system (GPUs 0,1), the degraded-GPU preflight (a matmul loop on
-#             GPU1), 2 preflights of the 4-GPU system (x4 only), seed 003's baseline on 2 GPUs (DP2, TP2,
+#             GPU1), 2 preflights of the 4-GPU system (x4 only), the baseline checklist's baseline on 2 GPUs (DP2, TP2,
 #             the planner's layout; the probe) and, on GPUs 2,3 at the same time (x4; else after), GPT-126M
 #             through the workflow at TP1 DP1, TP2 DP1, TP1 DP2 on the corpus stages' data.
 # PART train: the chained GPT-126M seed (GPU0, 1-minute clock, --save/--load, one segment killed mid-way)
 #             next to the same seed uninterrupted (GPU1) and a second uninterrupted run (GPU2, x4): the
 #             run-to-run spread of the final validation loss the chain is held to.
-# PART four:  (x4) GPT-126M at DP4 and seed 003's baseline at TP4 and DP4, on all 4 GPUs.
+# PART four:  (x4) GPT-126M at DP4 and the baseline checklist's baseline at TP4 and DP4, on all 4 GPUs.
 # Back in $OUT: PART.tgz (the records: preflight.json, baseline.json and report, score/run json, segments,
 # Megatron's logs) and PART.txt (what ran, with timings). Ends well inside the 10-minute call.
 set -u
@@ -64,7 +64,7 @@ smk() {  # lane, seconds (at most what is left before DEADLINE), snakemake argum
 }
 preflight_yaml() {  # lane, then the baseline block (YAML)
   cat > "/tmp/lanes/$1/config/preflight.yaml" <<EOF
-# issue 23's device run: seed 003's sweep extended to 4 GiB (256 MiB, 1 GiB, 4 GiB against DESIGN.md's 2x H200 figures)
+# issue 23's device run: the baseline checklist's sweep extended to 4 GiB (256 MiB, 1 GiB, 4 GiB against DESIGN.md's 2x H200 figures)
 sweep: {begin: 8, end: 4294967296, factor: 2}
 compute_seconds: 2.0
 quick_seconds: 0.3
@@ -180,7 +180,7 @@ fi
 
 if [ "$PART" = final ] && [ "$NGPU" -ge 4 ]; then
   # Everything of issue 23's 2-GPU list in one call of a 4-GPU machine, lanes on disjoint GPUs:
-  #   GPUs 0,1: 5 preflights, the degraded GPU, seed 003's baseline (DP2, TP2, the planner's layout, a probe), GPT-126M TP2
+  #   GPUs 0,1: 5 preflights, the degraded GPU, the baseline checklist's baseline (DP2, TP2, the planner's layout, a probe), GPT-126M TP2
   #   GPU 2:    the chained seed (650 iterations, one-minute Megatron clock, attempt 2 killed), then with GPU 3: GPT-126M DP2
   #   GPU 3:    GPT-126M TP1 DP1 uninterrupted over the same 650 iterations (item 3's 1-GPU row), then again (run-to-run)
   ITERS=${ITERS:-650}

@@ -143,7 +143,7 @@ def baseline_tables(rec: Path) -> list[str]:
 
 def main(rec: Path) -> None:
     for title, lines in (("Preflight", preflight_tables(rec)), ("GPT-126M through the workflow", gpt126m_table(rec)),
-                         ("Chained GPT-126M seed", chain_tables(rec)), ("Seed 003's baseline and the planner", baseline_tables(rec))):
+                         ("Chained GPT-126M seed", chain_tables(rec)), ("The baseline checklist's baseline and the planner", baseline_tables(rec))):
         print(f"## {title}\n")
         print("\n".join(lines) + "\n")
 

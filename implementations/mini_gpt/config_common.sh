@@ -13,7 +13,7 @@ export SP=${SP:-0}
 export SUBMISSION_BENCHMARK=${SUBMISSION_BENCHMARK:-mini_gpt}
 # Checkpoints (into CHECKPOINT_DIR, which the launcher sets to the seed's folder): every
 # CKPT_EVERY steps; kept: the last KEEP_LAST and the best KEEP_BEST by validation loss
-# (seed 001: KEEP_BEST=10 KEEP_LAST=1; the miniature keeps fewer: each checkpoint is ~20 MB).
+# (the NeMo guide: KEEP_BEST=10 KEEP_LAST=1; the miniature keeps fewer: each checkpoint is ~20 MB).
 export CKPT_EVERY=${CKPT_EVERY:-20}
 export KEEP_LAST=${KEEP_LAST:-1}
 export KEEP_BEST=${KEEP_BEST:-2}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """mini_gpt trainer: a small GPT pretrained from scratch on a Megatron-format corpus blend.
 
-The miniature of the GPT pretraining benchmarks (llama31_405b, seed 001's NeMo gpt3 runs): a
+The miniature of the GPT pretraining benchmarks (llama31_405b, the NeMo guide's gpt3 runs): a
 decoder-only transformer with random initial weights, trained data-parallel over
 torch.distributed ranks on the .bin/.idx datasets of $DATADIR/data_prefix.json (blended by its
 weights as Megatron's BlendedDataset does), until the validation loss reaches the target.
@@ -304,7 +304,7 @@ def save_checkpoint(folder: Path, step: int, write, meta: dict) -> Path:
 
 
 def prune_checkpoints(folder: Path, keep_last: int, keep_best: int) -> None:
-    """Keep the last `keep_last` and the best `keep_best` by validation loss (seed 001 keeps the top 10
+    """Keep the last `keep_last` and the best `keep_best` by validation loss (the NeMo guide keeps the top 10
     by val_loss plus the last), never the newest; remove the rest and leftovers of interrupted saves."""
     found = checkpoints(folder)
     keep = {c[0] for c in found[-keep_last:]} if keep_last > 0 else set()

@@ -1,11 +1,12 @@
 """The architecture: no module in an import cycle, no private name across modules; the leaves import nothing above them, the trainers nothing from mlrepro, and a trainer's own
-reading and writing of the file formats agrees with mlrepro.formats."""
+reading and writing of the file formats agrees with mlrepro.formats; docs/architecture.md names every module."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,27 @@ def test_no_private_name_crosses_modules():
                     and node.attr.startswith("_") and not node.attr.startswith("__")):
                 crossing.append(f"{path.relative_to(SRC)}:{node.lineno}: {node.value.id}.{node.attr}")
     assert crossing == []
+
+
+def _listed_modules(doc: str) -> set[str]:
+    """The modules docs/architecture.md's package listing names, as paths under src/mlrepro: a file
+    on a package's line (`  launch/`) or on the lines below it belongs to that package."""
+    block = doc.split("## The package, module by module", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    listed, package = set(), ""
+    for line in block.splitlines():
+        if len(line) - len(line.lstrip()) == 2:  # a package (`name/`) or a top-level module
+            top = re.match(r"\s*(\w+)/", line)
+            package = top.group(1) if top else ""
+            listed |= {f"{package}/__init__.py"} if top else set()
+        listed |= {f"{package}/{name}" if package else name for name in re.findall(r"\b(\w+\.py)\b", line)}
+    return listed
+
+
+def test_the_architecture_page_names_every_module():
+    """A module docs/architecture.md does not name, in its package listing or as `package/module.py`
+    anywhere on the page, is one a newcomer cannot find from it."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    named = _listed_modules(doc) | set(re.findall(r"[\w/]+\.py", doc))
+    unnamed = [p.relative_to(SRC).as_posix() for p in sorted(SRC.rglob("*.py"))
+               if p.relative_to(SRC).as_posix() not in named]
+    assert unnamed == [], f"modules docs/architecture.md does not name: {unnamed}"

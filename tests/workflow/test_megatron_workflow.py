@@ -1,5 +1,5 @@
 """`snakemake -n` of the GPT pretraining benchmarks: each seed's message is the planner's layout,
-wall time and exact launch line (Megatron-LM, seed 001's NeMo, seed 002's Megatron-DeepSpeed), and
+wall time and exact launch line (Megatron-LM, the NeMo guide's NeMo, the Megatron-DeepSpeed guide's Megatron-DeepSpeed), and
 a benchmark no layout of which fits the system stops before the DAG, naming why."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_megatron_plan_in_the_dry_run(ws):
     assert argv[d + 1: d + 3] == ["1.0", "/data/preprocessed/train_chunk_0_text_document"]
 
 
-def test_seed_001_nemo_command_in_the_dry_run(ws):
+def test_the_nemo_guides_command_in_the_dry_run(ws):
     _, out, seeds = _plan(ws, "gpt_8b_nemo", "dgxh100-64x8")
     head, cmd = seeds[0].split(" | ")
     assert "8 node(s) x 8 GPUs" in head and "nemo's own command, for review" in head
@@ -62,7 +62,7 @@ def test_seed_001_nemo_command_in_the_dry_run(ws):
     assert "training.trainer.max_time=" in cmd and "training.trainer.num_nodes=8" in cmd
 
 
-def test_seed_002_deepspeed_command_in_the_dry_run(ws):
+def test_the_megatron_deepspeed_guides_command_in_the_dry_run(ws):
     _, out, seeds = _plan(ws, "gpt_126m_deepspeed", "dgxb200")
     head, ds, cmd = seeds[0].split(" | ")
     assert head.startswith("gpt-125m on dgxb200: 1 node(s) x 1 GPUs") and "own command, for review" in head

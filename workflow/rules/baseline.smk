@@ -1,4 +1,4 @@
-# Baseline (seed 003): what this system's node reaches, once its preflight passed.
+# Baseline (the baseline checklist): what this system's node reaches, once its preflight passed.
 # Logic: mlrepro.stages.baseline; mlrepro.baseline (the probe) and mlrepro.baseline.megatron
 # (workload (a): Megatron-LM runs of the benchmark's GPT, one precision after the other).
 rule baseline_megatron:

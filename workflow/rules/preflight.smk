@@ -1,4 +1,4 @@
-# Preflight (seed 003): is this system's node healthy? What it reaches is baseline.smk's.
+# Preflight (the baseline checklist): is this system's node healthy? What it reaches is baseline.smk's.
 # Logic: mlrepro.stages.preflight; mlrepro.preflight (checks, verdicts, env_checklist.md).
 wildcard_constraints:
     system=SYSTEM.name,

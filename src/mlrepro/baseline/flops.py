@@ -7,7 +7,7 @@ wgrad, dgrad) at 2 FLOPs per multiply-add; per token and layer the QKV and outpu
 attention 3 x 2 x h x s / 2 x 2 = 6hs per token (QK^T and AV, halved for the causal mask). For
 GPT (ffn 4h): 72 B s L h^2 (1 + s/(12h) + V/(12 L h)).
 
-Seed 003's 16 B s L h^2 (1 + s/(6h)) is not that count: 16 is not 72 (it is 4.5x too low), it
+The baseline checklist's 16 B s L h^2 (1 + s/(6h)) is not that count: 16 is not 72 (it is 4.5x too low), it
 drops the logit layer, and its s/(6h) counts the full, uncausal s x s score matrix (Narayanan et
 al. 2021, whose 72 B s L h^2 (1 + s/(6h) + V/(12 L h)) it garbles). Flash attention computes only
 the causal half, so Megatron's current count is the work done; MFU uses it.
@@ -28,8 +28,8 @@ def megatron(shape: ModelShape, batch: int) -> float:
     return batch * s * (per_token + core)
 
 
-def seed003(shape: ModelShape, batch: int) -> float:
-    """Seed 003's formula as it states it, kept to show the difference."""
+def checklist_formula(shape: ModelShape, batch: int) -> float:
+    """The baseline checklist's formula as it states it, kept to show the difference."""
     h, s, L = shape.hidden, shape.seq, shape.layers
     return 16 * batch * s * L * h * h * (1 + s / (6 * h))
 

@@ -1,4 +1,4 @@
-"""Workload (a) of the baseline (seed 003): Megatron-LM GPT through the pretraining family's benchmark.
+"""Workload (a) of the baseline (the baseline checklist's): Megatron-LM GPT through the pretraining family's benchmark.
 
 A short run per precision on the system's node, launched the way the benchmark's seeds are
 (mlrepro.kinds.megatron): Megatron-LM at the benchmark's pinned commit (or the workflow's
@@ -27,7 +27,8 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro.gpus import datasheet_peak_tflops
-from mlrepro.plan import hardware, memory, models, workloads
+from mlrepro.baseline import flops
+from mlrepro.plan import cost, hardware, memory, models, search, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.preflight.run import healthy_record
 from mlrepro.kinds.megatron import ensure_megatron
@@ -83,8 +84,6 @@ def check_layouts(m: dict, gpus_per_node: int) -> None:
 
 def planner_layout(model: str, gbs: int, attention: str, facts) -> Layout:
     """The layout `mlrepro plan` chooses for the model at this GBS on these GPUs."""
-    from mlrepro.plan import search
-
     try:
         return search.plan(workloads.gpt(model, gbs, flash_attention=attention == "sdpa"), facts, top=1).best.layout
     except search.PlanError as exc:
@@ -93,8 +92,6 @@ def planner_layout(model: str, gbs: int, attention: str, facts) -> Layout:
 
 def predicted_iter_s(model: str, lay: Layout, attention: str, facts) -> float:
     """The planner's step time for this layout (plan.cost, the figures `mlrepro plan` would use now)."""
-    from mlrepro.plan import cost
-
     w = workloads.gpt(model, lay.gbs, flash_attention=attention == "sdpa")
     return cost.estimate(w, lay, facts.with_gpus(lay.gpus)).total
 
@@ -168,8 +165,6 @@ def not_applicable_rows(root: Path, system: mlrepro_config.System, b: dict) -> l
 def row_from_log(log_path: Path, *, model: str, precision: str, lay: Layout, gpu: str | None,
                  attention: str) -> dict:
     """The baseline.json row of one Megatron run, from its log (megatron_log + megatron_score.throughput)."""
-    from mlrepro.baseline import flops
-
     parsed = megatron_log.parse_log(log_path)
     shape = models.model(model)
     vocab = padded_vocab(parsed, lay.tp)

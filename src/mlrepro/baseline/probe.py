@@ -9,7 +9,7 @@ bf16 weight copy (autocast casts the weights for each micro-batch instead: 16 B 
 fp32_residual_connection off: the norms' saved inputs take the 2 B the memory model counts) or
 fp32; causal attention through SDPA (flash, or cuDNN's kernel) or FlexAttention; the whole forward and loss compiled
 as one graph (fullgraph; "block": each block on its own, one graph for all layers, compiled in
-seconds); gradient accumulation to the global batch as in seed 003 (GBS 128 = MBS 4 x GA 16 x
+seconds); gradient accumulation to the global batch as in the baseline checklist (GBS 128 = MBS 4 x GA 16 x
 DP 2). The vocabulary is GPT-2's padded to 50304 (a multiple of 128) as Megatron pads it, and the
 FLOP count uses it as Megatron's does (flops.megatron).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 from mlrepro import gpus
+from mlrepro.baseline import flops
 from mlrepro.plan import memory, models
 from mlrepro.plan.layout import Layout
 from mlrepro.plan.workloads import Training, Workload
@@ -63,7 +64,7 @@ def build(shape: models.ModelShape, precision: str = "bf16", ga: int = 1, residu
     """
     import torch
 
-    from mlrepro.baseline.model import GPT
+    from mlrepro.baseline.model import GPT  # torch at its top: the probe's workload and rows are read without torch
 
     if precision == "fp8":
         raise ValueError("fp8 needs Transformer Engine, which the portable probe does not use")
@@ -110,8 +111,6 @@ def measure(model_name: str, precision: str = "bf16", mbs: int = 16, steps: int 
             compile_scope: str = "model") -> dict:
     """One run on cuda:0: the baseline.json row for it."""
     import torch
-
-    from mlrepro.baseline import flops
 
     shape = models.model(model_name)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Seed 003's "Baseline Performance Report": the table in HTML and Markdown (pandas) and a plot (matplotlib).
+"""The baseline checklist's "Baseline Performance Report": the table in HTML and Markdown (pandas) and a plot (matplotlib).
 
 Measured rows of both workloads (a: Megatron-LM, b: the probe) share the table; rows not measured
 (not applicable, or an error) are listed under it with their reason.
@@ -7,6 +7,8 @@ Measured rows of both workloads (a: Megatron-LM, b: the probe) share the table; 
 from __future__ import annotations
 
 from pathlib import Path
+
+from mlrepro.util.fsutil import atomic_write_text
 
 COLUMNS = {
     "workload": "Workload", "layout": "Layout",
@@ -62,8 +64,6 @@ def write(doc: dict, md_path: Path, html_path: Path, plot_path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mlrepro.util.fsutil import atomic_write_text
 
     rows, skipped = measured(doc)
     notes_md = "".join(f"- {line}\n" for line in skipped)

@@ -7,21 +7,21 @@ import logging
 import time
 from pathlib import Path
 
-from mlrepro import paths
+from mlrepro import config, paths
+from mlrepro.baseline import probe, report
+from mlrepro.preflight.run import load_settings
 from mlrepro.util.fsutil import atomic_write_json
 
 log = logging.getLogger("mlrepro.baseline")
 
 FORMULA = ("Megatron-LM num_floating_point_operations (commit d98e8a6): 72 B s L h^2 (1 + s/(12h) + V/(12 L h)); "
-           "seed 003's 16 B s L h^2 (1 + s/(6h)) undercounts 4.5x (mlrepro.baseline.flops)")
+           "the baseline checklist's 16 B s L h^2 (1 + s/(6h)) undercounts 4.5x (mlrepro.baseline.flops)")
 
 
 def baseline(system: str, settings: dict, out_dir: Path, megatron_rows: list[dict] = ()) -> dict:
     """Every configured probe run (an error is recorded in its row, the others still run), after the
     Megatron rows (workload (a), measured by mlrepro.baseline.megatron, or saying why not)."""
     import torch
-
-    from mlrepro.baseline import probe, report
 
     b = settings["baseline"]
     runs = list(megatron_rows)
@@ -63,9 +63,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mlrepro import config
-    from mlrepro.preflight.run import load_settings
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = Path(args.root).resolve()
     try:

@@ -5,7 +5,7 @@ list, a local folder, or a Hugging Face Hub repository (`hub:`, its file paths a
 over ranges or a list; fetched with huggingface_hub through mlrepro.data.hub.hub_download, one
 call per task for the task's missing files, the token read from the variable named by
 `token_env`, never written). Every shard has a fixed position in that list; tasks take the
-contiguous share [rank·n/world, (rank+1)·n/world) as seed 001's download.py does, so a
+contiguous share [rank·n/world, (rank+1)·n/world) as the NeMo guide's download.py does, so a
 Slurm array task only needs its RANK and WORLD_SIZE. Each file goes through
 mlrepro.data.http.http_download (resumed from its .part, 429/5xx retried honouring Retry-After,
 renamed into place only when complete), so a file that is there is complete and skipped.
@@ -96,7 +96,7 @@ def expand(source: dict, root: Path | None = None) -> list[Shard]:
 
 
 def share(n: int, rank: int, world: int) -> range:
-    """Positions of task `rank` of `world` (seed 001's split_shards)."""
+    """Positions of task `rank` of `world` (the NeMo guide's split_shards)."""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is not in 0..{world - 1}")
     return range(rank * n // world, (rank + 1) * n // world)

@@ -10,7 +10,7 @@ Files of corpus NAME live under resources/corpora/NAME/:
     download/tasks.json                          every task's report (the download stage's output)
     download.json                                all tasks checked against `expected`; the chunk plan
     extracted/<name>, extracted/group_<g>.json   decompressed shards of concat chunk g
-    concat/train_chunk_<g>.jsonl                 concatenated chunk g (seed 001's names)
+    concat/train_chunk_<g>.jsonl                 concatenated chunk g (the NeMo guide's names)
     preprocessed/train_chunk_<g>_<key>_document.bin/.idx   one pair per chunk (a Slurm array task)
     preprocessed.json                            every chunk's prefix (the preprocess stage's output)
     tokenizer/, tokenizer/fetched.json           the tokenizer's files, fetched

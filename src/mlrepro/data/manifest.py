@@ -139,8 +139,6 @@ def verify_manifest(manifest_json: str | os.PathLike) -> list[str]:
     Files are looked for beside the manifest (its `root` may name the temporary folder the
     stage wrote into).
     """
-    from mlrepro.util.fsutil import atomic_write_json as write
-
     manifest_json = Path(manifest_json)
     folder = manifest_json.parent
     try:
@@ -180,5 +178,5 @@ def verify_manifest(manifest_json: str | os.PathLike) -> list[str]:
         else:
             verified[row["path"]] = key
     with contextlib.suppress(OSError):
-        write(stamp_path, {"manifest": _stat_key(manifest_json.stat()), "files": verified})
+        atomic_write_json(stamp_path, {"manifest": _stat_key(manifest_json.stat()), "files": verified})
     return problems

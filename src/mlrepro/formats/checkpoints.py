@@ -2,7 +2,7 @@
 
 A checkpoint is a folder step_<NNNNNNNN>/ under the run's checkpoint folder holding the trainer's
 state and meta.json ({"step", "val_loss", ...}); it is written under a temporary name and renamed
-into place, so a folder with meta.json is complete. Kept by policy (seed 001 keeps the top 10 by
+into place, so a folder with meta.json is complete. Kept by policy (the NeMo guide keeps the top 10 by
 val_loss plus the last): every `keep_every` steps, the last `keep_last`, the best `keep_best` by
 validation loss.
 """

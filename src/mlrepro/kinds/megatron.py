@@ -25,13 +25,14 @@ from pathlib import Path
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.launch import chain, job
+from mlrepro.plan import hardware
 from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_source
-from mlrepro.scoring import megatron_log
+from mlrepro.scoring import megatron_log, megatron_score
+from mlrepro.scoring import rules as scoring_rules
 from mlrepro.util.fsutil import atomic_dir, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-NAME = "megatron"
 
 
 def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
@@ -67,7 +68,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
         save = {"save": str(files.checkpoints),
                 "save_interval": int(overrides.get("save_interval") or megatron_launch.Run.eval_interval)}
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
-           "MEGATRON_DIR": str(megatron_dir(root, benchmark))}
+           "MEGATRON_DIR": str(_megatron_dir(root, benchmark))}
     walltime = megatron_plan.job_minutes(p, overrides)
     if limits is not None:
         env |= chain.run_env(limits, seed_dir)
@@ -118,14 +119,15 @@ def prepare(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> job
     return dataclasses.replace(plan, env=env)
 
 
-def megatron_dir(root: Path, benchmark: str) -> Path:
+def _megatron_dir(root: Path, benchmark: str) -> Path:
+    """Where the benchmark's Megatron-LM checkout is put (ensure_megatron)."""
     return Path(root) / "resources" / benchmark / "megatron"
 
 
 def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
     """Megatron-LM at the benchmark's pinned commit in resources/<benchmark>/megatron/ (once): from
     the `pretrain: megatron:` folder or .tar.gz where given (no network), else fetched."""
-    dest = megatron_dir(settings.root, benchmark)
+    dest = _megatron_dir(settings.root, benchmark)
     if (dest / "pretrain_gpt.py").is_file():
         return dest
     given = settings.pretrain_overrides.get("megatron")
@@ -173,8 +175,6 @@ def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmar
                plan: job.SeedPlan | None) -> dict:
     """Megatron-LM's own log scored: MFU against the system's GPU, on the ranks the seed ran with (its
     plan.json; planned again only for a seed run before plans were kept)."""
-    from mlrepro.scoring import megatron_score, rules as scoring_rules
-
     rules = scoring_rules.for_benchmark(bench)
     gpus = plan.ranks if plan else megatron_plan.chosen(settings.root, bench, settings.system.name,
                                                          settings.pretrain_overrides).layout.gpus
@@ -186,8 +186,6 @@ def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmar
 def unmet(root: Path, bench: mlrepro_config.Benchmark, system: mlrepro_config.System, *,
           with_implementation: bool) -> list[str]:
     """What the system lacks: a layout of the benchmark that the planner fits on it."""
-    from mlrepro.plan import hardware
-
     try:  # the planner, not a published config_<SYS>.sh, decides the layout
         megatron_plan.first_fit(root, bench, system.name)
     except megatron_plan.Refused as exc:

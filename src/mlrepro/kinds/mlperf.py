@@ -16,11 +16,11 @@ from mlrepro import paths
 from mlrepro.config import Benchmark, ConfigError, Settings, System
 from mlrepro.implementation import configs as implementation
 from mlrepro.launch import chain, job
+from mlrepro.plan import generate, hardware, search, workloads
 from mlrepro.scoring import mllog
+from mlrepro.scoring import rules as scoring_rules
+from mlrepro.scoring import score as scoring
 from mlrepro.util.fsutil import atomic_write_text
-
-NAME = "mlperf"
-
 
 @functools.lru_cache(maxsize=64)
 def _pick_config(impl_dir: Path, nodes: int, gpus_per_node: int, requested: str | None):
@@ -38,8 +38,6 @@ def implementation_config(bench: Benchmark, system: System):
             raise ConfigError(f"{bench.name} on system {system.name}: {exc}") from None
         unfit = exc
     # No published config fits: the planner writes one for this system, which then fits exactly.
-    from mlrepro.plan import generate, hardware, search
-
     try:
         generate.generate_config(bench, system)
     except (search.PlanError, hardware.HardwareUnknown) as why:
@@ -51,8 +49,6 @@ def implementation_config(bench: Benchmark, system: System):
 
 def _plannable(bench: Benchmark) -> bool:
     """An NVIDIA benchmark the planner has rules for, with published configs to start from."""
-    from mlrepro.plan import workloads
-
     folder = Path(bench.implementation_dir)
     return (bench.mlperf_benchmark in workloads.BENCHMARKS and folder.is_dir()
             and bool(implementation.list_configs(folder)))
@@ -61,10 +57,10 @@ def _plannable(bench: Benchmark) -> bool:
 def plan_seed(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
     """The seed's plan: run_and_time.sh with the environment config_<SYS>.sh exports, plus the data's
     places, SEED and the chain's settings of a checkpointing benchmark; run.sub's sbatch line on Slurm."""
-    return plan_seeds(settings, benchmark, [seed])[seed]
+    return _plan_seeds(settings, benchmark, [seed])[seed]
 
 
-def plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.SeedPlan]:
+def _plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.SeedPlan]:
     """plan_seed of each of `seeds`, with what every seed shares (the config, the stages' recorded
     places, the chain's limits) read once: the DAG plans every seed of a benchmark at once."""
     bench = settings.benchmark(benchmark)
@@ -111,8 +107,8 @@ def plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.SeedP
     return plans
 
 
-def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, mllog_out: Path) -> None:
-    """Turn a finished run's log into the seed's mllog.txt, or record why it is not a result."""
+def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, out: Path) -> None:
+    """Turn a finished run's log into the seed's mllog.txt (`out`), or record why it is not a result."""
     parsed = mllog.parse_text(run_log.read_text(errors="replace") if run_log.exists() else "", source=str(run_log))
     stop = parsed.last("run_stop")
     if parsed.first("run_start") is None or stop is None:
@@ -123,13 +119,11 @@ def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, mllog_out: 
     if status != "success" and bench.not_converged == "rerun":
         job.record_failure(plan.seed_dir, f"run_stop status {status!r}", state="ABORTED")
         raise job.SeedFailed(f"seed {plan.seed}: run_stop status {status!r} (benchmark reruns non-converged seeds)")
-    atomic_write_text(mllog_out, parsed.to_text())
+    atomic_write_text(out, parsed.to_text())
     job.clear_failure(plan.seed_dir)
 
 
 def _generated(config_path: Path) -> bool:
-    from mlrepro.plan import generate
-
     return generate.is_generated(config_path)
 
 
@@ -167,7 +161,7 @@ def dag_plans(settings: Settings, benchmark: str) -> dict[int, job.SeedPlan]:
     bench = settings.benchmark(benchmark)
     if not implementation_known(settings.root, bench):
         return {seed: dag_plan(settings, benchmark, seed) for seed in bench.seeds}
-    return plan_seeds(settings, benchmark, bench.seeds)
+    return _plan_seeds(settings, benchmark, bench.seeds)
 
 
 def prepare(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
@@ -177,9 +171,6 @@ def prepare(settings: Settings, benchmark: str, seed: int) -> job.SeedPlan:
 
 def score_seed(settings: Settings, bench: Benchmark, seed: int, log_path: Path, plan: job.SeedPlan | None) -> dict:
     """The seed's run record from its MLLOG (the plan is not needed: MLLOG says everything)."""
-    from mlrepro.scoring import rules as scoring_rules
-    from mlrepro.scoring import score as scoring
-
     return scoring.score_run(log_path, scoring_rules.for_benchmark(bench), seed=seed)
 
 

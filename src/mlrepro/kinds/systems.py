@@ -16,6 +16,7 @@ from mlrepro import config as mlrepro_config
 from mlrepro import kinds
 from mlrepro.config import Benchmark, ConfigError, Settings, System
 from mlrepro.kinds.mlperf import check_target, implementation_known
+from mlrepro.scoring import checkers
 
 
 def gpus(system: System) -> int:
@@ -76,8 +77,6 @@ def check(settings: Settings, name: str) -> Benchmark:
 
 def check_ruleset(bench: Benchmark) -> None:
     """A ruleset the installed mlperf_logging does not have would fail only when the first seed is scored."""
-    from mlrepro.scoring import checkers
-
     known = checkers.supported_rulesets()
     if bench.ruleset is not None and bench.ruleset not in known:
         raise ConfigError(f"config/benchmarks/{bench.name}.yaml: ruleset: mlperf_logging "

@@ -3,7 +3,7 @@ job array, or in parallel on this machine; mlrepro.launch.auto chooses.
 
 On a Slurm system the stage's one Snakemake job submits ONE `sbatch --array=<indices> --wait`:
 task i reads its index from SLURM_ARRAY_TASK_ID (a download task's RANK, WORLD_SIZE = the
-number of tasks, as seed 001's download.py; a preprocess task's chunk) and runs the plan's
+number of tasks, as the NeMo guide's download.py; a preprocess task's chunk) and runs the plan's
 `python -m <task_module> <stage> --spec ... --index $RANK` (a corpus's: mlrepro.corpus.tasks).
 Only indices whose output is missing are submitted, so a
 rerun after a failed or cancelled task redoes that task alone. When sbatch returns, every

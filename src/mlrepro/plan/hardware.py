@@ -7,7 +7,7 @@ Measured figures (formats: BRIEF/DESIGN "shared record formats"):
 - results/preflight/<system>/preflight.json: the bf16 matmul TFLOP/s (the compute rate when no
   baseline ran), the all-reduce bus bandwidth inside a node and the GPU memory.
 The network bandwidth across nodes is the datasheet's: preflight measures inside one host.
-MFU is always counted against the datasheet peak, as seed 003 and MLPerf count it.
+MFU is always counted against the datasheet peak, as the baseline checklist and MLPerf count it.
 """
 
 from __future__ import annotations
@@ -175,8 +175,8 @@ def with_measured(facts: SystemFacts, preflight: dict | None, baseline: dict | N
 
 
 # A100 SXM (NVIDIA A100 datasheet, mlrepro.gpus: 40 or 80 GB HBM2/HBM2e, 312 TFLOP/s dense BF16,
-# NVLink 3 at 600 GB/s bidirectional); busbw figures from seed 003's nccl-tests run on 8x A100 (313 GB/s) and
-# HDR 200 Gb/s InfiniBand (~23 GB/s). Seed 002's table is for these machines; no system file
+# NVLink 3 at 600 GB/s bidirectional); busbw figures from the baseline checklist's nccl-tests run on 8x A100 (313 GB/s) and
+# HDR 200 Gb/s InfiniBand (~23 GB/s). The Megatron-DeepSpeed guide's table is for these machines; no system file
 # describes them, so its report builds them here.
 def a100(memory_gb: int, gpus: int) -> SystemFacts:
     facts = SystemFacts(name=f"a100-{memory_gb}gb", nodes=1, gpus_per_node=8, gpu=f"A100 {memory_gb}GB",

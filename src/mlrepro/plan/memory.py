@@ -1,6 +1,6 @@
 """Peak memory per GPU of one layout: model state, activations, logits, buffers.
 
-Model state (seed 003; Megatron-LM's distributed-optimizer docs): weights in bf16 (2 B) or FP8
+Model state (the baseline checklist; Megatron-LM's distributed-optimizer docs): weights in bf16 (2 B) or FP8
 (1 B), fp32 main gradients (4 B), Adam's fp32 master copy, momentum and variance (12 B):
 18 B per parameter, or 6 + 12/d with the optimizer sharded over the d = DP x CP ranks. LoRA
 freezes the base weights: they cost their storage only, and the adapters carry the rest.

@@ -4,7 +4,7 @@ Shapes are the published ones: Llama 2 70B and Llama 3.1 405B as NVIDIA's v5.0 M
 implementations train them (sequence 8192), and the GPT-3 family (Brown et al. 2020,
 table 2.1; sequence 2048, GPT-2 BPE vocabulary padded to 50,304 as Megatron-LM does) with
 the sizes seeds 001-003 name: NeMo's gpt3/126m, Megatron-DeepSpeed's 125M/1.3B/13B/175B
-(seed 002) and seed 003's 1.3B baseline, which uses 32 heads where the paper uses 24.
+(the Megatron-DeepSpeed guide) and the baseline checklist's 1.3B baseline, which uses 32 heads where the paper uses 24.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     _gpt("gpt-126m", 12, 768, 12),
     _gpt("gpt-350m", 24, 1024, 16),
     _gpt("gpt-760m", 24, 1536, 16),
-    _gpt("gpt-1.3b", 24, 2048, 32),  # seed 003's baseline shape
+    _gpt("gpt-1.3b", 24, 2048, 32),  # the baseline checklist's baseline shape
     _gpt("gpt-2.7b", 32, 2560, 32),
     _gpt("gpt-5b", 24, 4096, 32),  # NeMo gpt3/5b
     _gpt("gpt-6.7b", 32, 4096, 32),
@@ -94,7 +94,7 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     _gpt("gpt-20b", 44, 6144, 48),  # NeMo gpt3/20b
     _gpt("gpt-40b", 48, 8192, 64),  # NeMo gpt3/40b
     _gpt("gpt-175b", 96, 12288, 96),
-    # NeMo's gpt3/7b_improved (seed 001, "equivalent to an 8B"): SwiGLU FFN 10880, RoPE, no biases,
+    # NeMo's gpt3/7b_improved (the NeMo guide, "equivalent to an 8B"): SwiGLU FFN 10880, RoPE, no biases,
     # untied output layer, sequence 2048, GPT-2 BPE padded to 50,304.
     ModelShape(name="gpt-8b", layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=10880, vocab=50304,
                seq=2048, mlp="swiglu", learned_positions=False, tied_embeddings=False),

@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from mlrepro.plan import models
+from mlrepro.scoring import checkers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +81,6 @@ def _samples(benchmark: str, ruleset: str, gbs: int) -> float | None:
 
 @functools.cache
 def _rcp_curve(benchmark: str, ruleset: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    from mlrepro.scoring import checkers
-
     checker = checkers.rcp_checker_for(benchmark, ruleset)
     records = sorted(checker.rcp_data.values(), key=lambda r: r["BS"])
     return tuple(float(r["BS"]) for r in records), tuple(float(r["RCP Mean"]) for r in records)

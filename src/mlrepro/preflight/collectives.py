@@ -1,4 +1,4 @@
-"""all_reduce bus bandwidth the nccl-tests way (busbw = algbw x 2(n-1)/n) over seed 003's size sweep.
+"""all_reduce bus bandwidth the nccl-tests way (busbw = algbw x 2(n-1)/n) over the baseline checklist's size sweep.
 
 Two measurements, same numbers: nccl-tests' all_reduce_perf, built from source at NCCL_TESTS_COMMIT
 where a CUDA toolchain and the source are present, or torch.distributed's all_reduce (NCCL backend)
@@ -20,7 +20,7 @@ NCCL_TESTS_COMMIT = "v2.17.6"  # pinned tag; the build is `make -j src.build CUD
 
 
 def sweep(begin: int = 8, end: int = 128 << 20, factor: int = 2) -> list[int]:
-    """Message sizes of `all_reduce_perf -b 8 -e 128M -f 2` (seed 003)."""
+    """Message sizes of `all_reduce_perf -b 8 -e 128M -f 2` (the baseline checklist)."""
     sizes, s = [], begin
     while s <= end:
         sizes.append(s)

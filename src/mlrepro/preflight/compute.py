@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from mlrepro.preflight import matmul
+
 
 def _timed(torch, fn, seconds: float) -> float:
     """Seconds per call of fn, over at least `seconds` of calls after a warm-up."""
@@ -37,8 +39,6 @@ def copy_tbps(index: int, nbytes: int = 1 << 30, seconds: float = 1.0) -> float:
 def measure(indices: list[int], seconds: float = 2.0, nvml: dict[int, int] | None = None) -> dict[int, dict]:
     """{torch index: {"matmul_bf16_tflops", ..., "copy_tbps"}} for each GPU, one after the other;
     `nvml` maps a torch index to its NVML index (the clock and power read under load)."""
-    from mlrepro.preflight import matmul
-
     nvml = nvml or {}
     # The warm-up takes the boost-clock burst out of the window (0.25 s on an H200); a quick check's
     # 0.3 s window gets as long a warm-up.

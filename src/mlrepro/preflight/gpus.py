@@ -7,6 +7,8 @@ import csv
 import io
 from typing import Any, Iterator
 
+from mlrepro.preflight import visible
+
 # The same fields through nvidia-smi, for nodes where NVML cannot be loaded from Python and for
 # recording fixtures: `nvidia-smi --query-gpu=<QUERY> --format=csv,noheader,nounits`.
 QUERY = ("index,name,memory.total,clocks.sm,clocks.max.sm,ecc.errors.uncorrected.volatile.total,"
@@ -77,8 +79,6 @@ def _nvml_one(pynvml, i: int, nvml_index: int) -> dict:
 def _visible_gpus(cuda_visible_devices: str | None) -> Iterator[tuple[Any, list[int] | str]]:
     """NVML, initialised for the block, with the NVML indices of the GPUs `cuda_visible_devices` names
     (all of the node when unset) in the order torch numbers them; (None, reason) without a driver."""
-    from mlrepro.preflight import visible
-
     try:
         import pynvml
 

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlrepro.preflight import run
 from mlrepro.util.fsutil import atomic_write_json
 
 # config/preflight.yaml's defaults: the seed's run must not depend on the repository being readable.
@@ -29,8 +30,6 @@ def reason(host: dict) -> str | None:
 def check(out_dir: Path, per_node: bool = False) -> tuple[dict, str | None]:
     """Measure this node quickly, write out_dir/preflight_quick.json (with `per_node`, one file per node:
     the nodes of a Slurm attempt share its folder); (record, reason it failed or None)."""
-    from mlrepro.preflight import run
-
     with tempfile.TemporaryDirectory(prefix="preflight-") as work:
         host = run.host_record(SETTINGS, None, Path(work), quick=True)
     host["host"] = node_name()

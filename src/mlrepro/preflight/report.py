@@ -1,4 +1,4 @@
-"""env_checklist.md: seed 003's environment checklist, filled in from a preflight record."""
+"""env_checklist.md: the baseline checklist's environment checklist, filled in from a preflight record."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def checklist(doc: dict) -> str:
                     "| bytes | busbw GB/s |", "|---|---|"]
             out += [f"| {r['bytes']} | {r['busbw_gbps']} |" for r in host["allreduce"]]
     out += ["", "## 3. Container", "",
-            "- Seed 003's flags for a training container: `--gpus all --ipc=host --ulimit memlock=-1 "
+            "- The baseline checklist's flags for a training container: `--gpus all --ipc=host --ulimit memlock=-1 "
             "--ulimit stack=67108864`. This record is from the host; run `mlrepro preflight` inside the image "
             "to check that the container sees its GPUs.", ""]
     return "\n".join(out)

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlrepro import paths
+from mlrepro import config, paths
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 from mlrepro.preflight import NA, collectives, compute, gpus, report, topology, verdict, versions
 
@@ -111,8 +111,6 @@ def preflight(system: str, settings: dict, expected_gpus: int | None, out_dir: P
 
 def load_settings(root: Path, path: Path | None = None) -> dict:
     """config/preflight.yaml, validated against workflow/schemas/preflight.schema.yaml."""
-    from mlrepro import config
-
     path = path or root / "config" / "preflight.yaml"
     return config.validate(config.load_yaml(path), "preflight", str(path.relative_to(root) if path.is_relative_to(root) else path), root)
 
@@ -128,8 +126,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mlrepro import config
-
     root = Path(args.root).resolve()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

@@ -13,7 +13,7 @@ RANK = {"pass": 0, NA: 0, "warn": 1, "fail": 2}
 MEASURED_PASS, MEASURED_WARN = 0.85, 0.70
 # Against a datasheet peak only (torch never reaches it): what a healthy GPU reaches comfortably.
 DATASHEET_PASS, DATASHEET_WARN = 0.60, 0.45
-# Seed 003: all_reduce busbw above 70% of the theoretical link bandwidth; stricter (80% of it)
+# The baseline checklist: all_reduce busbw above 70% of the theoretical link bandwidth; stricter (80% of it)
 # where a busbw was measured at that size on the same kind of machine.
 BUSBW_THEORY, BUSBW_MEASURED = 0.70, 0.80
 
@@ -97,7 +97,7 @@ def judge_allreduce(rows: list[dict], gpu_name: str | None, ranks: int, span: st
     share = best["busbw_gbps"] / theory
     return {"name": name, "verdict": "pass" if share >= BUSBW_THEORY else "warn",
             "why": f"max busbw {best['busbw_gbps']:g} GB/s at {best['bytes']} B = {100 * share:.0f}% of the "
-                   f"theoretical {theory:g} GB/s NVLink (seed 003 expects > 70%)"}
+                   f"theoretical {theory:g} GB/s NVLink (the baseline checklist expects > 70%)"}
 
 
 def host_verdict(host: dict) -> str:

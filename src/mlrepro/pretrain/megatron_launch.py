@@ -14,8 +14,9 @@ import dataclasses
 import shlex
 import types
 
-from mlrepro.plan import models
+from mlrepro.plan import models, workloads
 from mlrepro.plan.layout import Layout
+from mlrepro.plan.writer import megatron_args
 
 # Without apex/TE: Megatron's fused kernels (masked softmax, bias-gelu, bias-dropout, gradient
 # accumulation into fp32 main grads, persistent layer norm) need compiled extensions.
@@ -54,9 +55,6 @@ class Run:
 
 def model_args(model: str, layout: Layout) -> list[str]:
     """The planner's flags for a model shape and a layout (one owner: plan.writer.megatron_args)."""
-    from mlrepro.plan import workloads
-    from mlrepro.plan.writer import megatron_args
-
     shape = models.model(model)
     w = workloads.gpt(shape.name, layout.gbs)
 

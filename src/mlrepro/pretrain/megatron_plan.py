@@ -1,12 +1,12 @@
 """Dry-run plans of the GPT pretraining benchmarks: nodes x GPUs, layout, wall time and the exact launch line.
 
 A benchmark's `pretrain:` block (config/benchmarks/gpt_*.yaml) names the model, the training
-tokens, the global batch and its layouts (seed 002's DP/PP/TP table); a layout is checked
+tokens, the global batch and its layouts (the Megatron-DeepSpeed guide's DP/PP/TP table); a layout is checked
 against a system by the planner (plan.search: divisibility, heads, layers, memory) before
 anything is scheduled, and refused with the planner's reason. Three launchers render: Megatron-LM's
 pretrain_gpt.py (srun with pyxis, one task per GPU, inside NVIDIA's run.sub; or torchrun on one
-machine), Megatron-DeepSpeed (seed 002: `deepspeed pretrain_gpt.py ... --deepspeed_config
-ds_config.json`) and the NeMo launcher (seed 001: `main.py stages=[training] training=gpt3/...`).
+machine), Megatron-DeepSpeed (the Megatron-DeepSpeed guide: `deepspeed pretrain_gpt.py ... --deepspeed_config
+ds_config.json`) and the NeMo launcher (the NeMo guide: `main.py stages=[training] training=gpt3/...`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Refused(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Variant:
     benchmark: str
-    name: str  # seed 002's YAML name, e.g. gpt-1-3b-4xdp-4xpp
+    name: str  # the Megatron-DeepSpeed guide's YAML name, e.g. gpt-1-3b-4xdp-4xpp
     model: str
     tokens: float
     gbs: int
@@ -173,7 +173,7 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
 
 
 def ds_config(p: Planned) -> dict:
-    """Megatron-DeepSpeed's ds_config.json for the layout (seed 002)."""
+    """Megatron-DeepSpeed's ds_config.json for the layout (the Megatron-DeepSpeed guide)."""
     lay = p.layout
     return {"train_batch_size": lay.gbs, "train_micro_batch_size_per_gpu": lay.mbs,
             "gradient_accumulation_steps": lay.ga, "steps_per_print": 10, "gradient_clipping": 1.0,
@@ -197,7 +197,7 @@ def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attenti
     prefix = prefix or unprepared_prefix("/data")
     if v.launcher == "nemo":
         return nemo_line(p, prefix, vocab, merges, max_time_margin_min)
-    # Seed 002's Megatron-DeepSpeed command as it ran: that fork reads the GPT-2 BPE files and has none
+    # The Megatron-DeepSpeed guide's command as it ran: that fork reads the GPT-2 BPE files and has none
     # of the pinned Megatron-LM's local-implementation or attention-spec flags that seed_run adds.
     run = megatron_launch.Run(v.model, lay, p.iterations, data_prefix=tuple(prefix), vocab_file=vocab,
                               merge_file=merges, local_impl=False)
@@ -207,7 +207,7 @@ def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attenti
 
 
 def nemo_line(p: Planned, data_prefix: list, vocab: str, merges: str, margin_min: int = 30) -> str:
-    """Seed 001's NeMo launcher command: stages=[training], max_time `margin_min` before the job limit."""
+    """The NeMo guide's launcher command: stages=[training], max_time `margin_min` before the job limit."""
     limit_min = max(math.ceil(p.hours * 60), margin_min + 1)
     stop = limit_min - margin_min
     prefix = "[" + ",".join(f"{w}" if i % 2 == 0 else f"'{w}'" for i, w in enumerate(data_prefix)) + "]"
@@ -254,7 +254,7 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
     v, lay, facts = p.variant, p.layout, p.facts
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
     # Megatron-LM's line carries the seed number (--seed): say whose line it is. The other launchers'
-    # commands are the seed documents' own, rendered for review: the workflow does not start them.
+    # commands are the NeMo and Megatron-DeepSpeed guides' own, rendered for review: the workflow does not start them.
     whose = (f"; launch line of seed {seed}" if v.launcher == "megatron"
              else f"; {v.launcher}'s own command, for review: {NOT_LAUNCHED}")
     out = [f"{v.name} on {facts.name}: {nodes} node(s) x {per_node} GPUs ({lay.gpus} x {facts.gpu}); "

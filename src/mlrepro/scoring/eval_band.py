@@ -8,7 +8,7 @@ their minimum to maximum, widened by `margin` of its value on each side; a point
 `min_runs` reference runs reach is not judged (converged reference runs stop logging early).
 
 A seed has lost when `patience` judged points in a row lie on the worse side of the band (above it
-for a loss). The better side is reported, never held against the seed. Seed 001 reads the same
+for a loss). The better side is reported, never held against the seed. The NeMo guide reads the same
 signal from a deterministic loss curve to spot bad hardware.
 """
 

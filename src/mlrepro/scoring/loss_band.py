@@ -1,6 +1,6 @@
 """Check a run's training-loss curve against a benchmark's reference curve and band, and plot it.
 
-Seed 001 uses the loss curve as a hardware-health signal: for one config the curve is
+The NeMo guide uses the loss curve as a hardware-health signal: for one config the curve is
 deterministic, so a run that leaves the reference band points at a machine, not at the model.
 A reference is a CSV of `iteration,loss` with either `lower,upper` columns or one relative
 tolerance for all points; the reference is interpolated at the run's logged iterations

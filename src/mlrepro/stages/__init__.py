@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from mlrepro import config as mlrepro_config
+from mlrepro.stages import process
+
 # One module per rule file (workflow/rules/<name>.smk); common.smk holds no rule.
 RULE_FILES = ("container", "data", "model", "train", "score", "report", "corpus", "preflight", "baseline")
 
@@ -34,9 +37,6 @@ def find(rule: str):
 
 
 def run_from_snakemake(smk) -> None:
-    from mlrepro import config as mlrepro_config
-    from mlrepro.stages import process
-
     module, fn = find(smk.rule)
     with process.stage_process(process.log_file(fn, smk)):
         settings = mlrepro_config.load(smk.config, Path.cwd())

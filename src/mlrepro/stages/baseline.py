@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlrepro.baseline import megatron
+from mlrepro.baseline.run import baseline as write_baseline
+from mlrepro.preflight.run import healthy_record
 from mlrepro.stages.process import rule
 
 
@@ -13,8 +16,6 @@ from mlrepro.stages.process import rule
                        Path(smk.output.json), Path(smk.log.megatron)), {}), log="stage")
 def baseline_megatron(settings, baseline_settings: dict, precision: str, preflight_json: Path, out_json: Path,
                       megatron_log: Path) -> None:
-    from mlrepro.baseline import megatron
-
     megatron.run(settings, baseline_settings, precision, preflight_json, out_json, megatron_log)
 
 
@@ -22,10 +23,6 @@ def baseline_megatron(settings, baseline_settings: dict, precision: str, preflig
                        Path(smk.output.json).parent), {}))
 def baseline(settings, preflight_settings: dict, preflight_json: Path, megatron_rows: list[Path], out_dir: Path) -> None:
     """The probe's rows and, on a CUDA system, the baseline_megatron jobs' rows (elsewhere rows saying why not)."""
-    from mlrepro.baseline import megatron
-    from mlrepro.baseline.run import baseline as write_baseline
-    from mlrepro.preflight.run import healthy_record
-
     system = settings.system
     healthy_record(preflight_json)
     if system.device == "cuda":

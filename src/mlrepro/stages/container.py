@@ -7,6 +7,10 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro import kinds, paths
+from mlrepro.container import image as containers
+from mlrepro.container import prebuilt
+from mlrepro.implementation.configs import list_configs
+from mlrepro.implementation.fetch import fetch_implementation
 from mlrepro.stages.process import rule
 from mlrepro.util.fsutil import atomic_write_json
 
@@ -16,9 +20,6 @@ log = logging.getLogger("mlrepro.stages")
 @rule(lambda smk, s: ((s, smk.wildcards.benchmark, Path(smk.output[0])), {}))
 def implementation(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
     """Fetch a git implementation at its pinned commit into resources/<benchmark>/implementation/."""
-    from mlrepro.implementation.configs import list_configs
-    from mlrepro.implementation.fetch import fetch_implementation
-
     bench = settings.benchmark(benchmark)
     git = bench.implementation_git
     dest = paths.implementation_dir(settings.root, benchmark)
@@ -30,8 +31,6 @@ def implementation(settings: mlrepro_config.Settings, benchmark: str, out: Path)
 def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> None:
     """Build the implementation's image (or, with runtime none, record this machine's environment);
     a prebuilt image the system or benchmark names is checked and recorded instead, never built."""
-    from mlrepro.container import image as containers
-
     bench = settings.benchmark(benchmark)
     runtime = settings.system.container_runtime
     image = mlrepro_config.prebuilt_image(bench, settings.system)
@@ -56,9 +55,6 @@ def container(settings: mlrepro_config.Settings, benchmark: str, out: Path) -> N
 
 def use_prebuilt(image: str, runtime: str, root: Path, out: Path) -> None:
     """container.json of a prebuilt image: checked to exist, with its digest and size; never built."""
-    from mlrepro.container import image as containers
-    from mlrepro.container import prebuilt
-
     podman = containers.runtime_command("podman") if prebuilt.parse(image, root, runtime).kind == prebuilt.PODMAN else None
     record = prebuilt.describe(image, runtime, root=root, podman=podman, previous=paths.read_json_if_exists(out))
     log.info("using the prebuilt image %s (%s, digest %s, %s bytes); nothing is built", image, record["kind"],
@@ -70,8 +66,6 @@ def current_image(settings: mlrepro_config.Settings, benchmark: str) -> None:
     """Before a seed starts: container.json made for another image than the system names now (the
     workflow's rerun trigger is mtime alone, so a changed name does not rerun the container stage).
     A prebuilt image is checked and recorded here; a build must be asked for."""
-    from mlrepro.container import prebuilt
-
     out = paths.container_json(settings.root, benchmark)
     record = paths.read_json_if_exists(out) or {}
     image = mlrepro_config.prebuilt_image(settings.benchmark(benchmark), settings.system)

@@ -8,7 +8,9 @@ import json
 import logging
 from pathlib import Path
 
-from mlrepro.corpus import served, tasks
+from mlrepro import config as mlrepro_config
+from mlrepro.corpus import extract, preprocess, served, shards, tasks
+from mlrepro.data import checks
 from mlrepro.launch import array, auto
 from mlrepro.stages.process import rule
 from mlrepro.util.fsutil import atomic_write_json
@@ -102,9 +104,5 @@ def corpus_blend(corpus: dict, preprocessed: Path, out: Path) -> None:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    from mlrepro import config as mlrepro_config
-    from mlrepro.corpus import extract, preprocess, shards
-    from mlrepro.data import checks
-
     return (array.ArrayError, shards.CorpusError, extract.ExtractError, preprocess.InputError, checks.DataError,
             mlrepro_config.ConfigError)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlrepro import kinds
+from mlrepro.data import pipeline
 from mlrepro.stages.process import OWN, rule
 
 
 def fill(settings, benchmark: str, stage: str, out: Path, log_path: Path) -> None:
     """A data stage (dataset, checkpoint) of the benchmark, with the scripts of its implementation."""
-    from mlrepro.data import pipeline
-
     bench = settings.benchmark(benchmark)
     pipeline.fill_stage(settings, benchmark, stage, out, log_path,
                         lambda: kinds.of(bench).implementation_folder(bench, settings.system))

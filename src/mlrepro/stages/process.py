@@ -10,6 +10,13 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from mlrepro.config import ConfigError
+from mlrepro.container import image as containers
+from mlrepro.container import prebuilt
+from mlrepro.data.checks import DataError
+from mlrepro.implementation import configs as implementation
+from mlrepro.launch.job import SeedFailed
+from mlrepro.scoring import reference
 from mlrepro.util import secrets
 from mlrepro.util.fsutil import private_umask
 
@@ -73,13 +80,5 @@ def host_python_first() -> None:
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says everything: shown without a traceback (a module of mlrepro.stages may
     name its own with a `user_errors()` of its own)."""
-    from mlrepro.config import ConfigError
-    from mlrepro.container import image as containers
-    from mlrepro.container import prebuilt
-    from mlrepro.data.checks import DataError
-    from mlrepro.implementation import configs as implementation
-    from mlrepro.launch.job import SeedFailed
-    from mlrepro.scoring import reference
-
     return (SeedFailed, ConfigError, DataError, implementation.ImplementationError, containers.ContainerError,
             prebuilt.ImageError, reference.ReferenceError)

@@ -23,6 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from mlrepro.util.fsutil import atomic_write_bytes
+
 REDACTED = "***"
 
 # A name word equal to one of these marks a secret...
@@ -159,8 +161,6 @@ def redact_command(command: Sequence[object], env: Mapping[str, object] | None =
 def redact_file(path: str | os.PathLike, extra: Iterable[str | None] = (),
                 env: Mapping[str, object] | None = None) -> bool:
     """Redact a log file in place (atomically); True when something was replaced."""
-    from mlrepro.util.fsutil import atomic_write_bytes
-
     path = Path(path)
     rd = redactor(env, extra)
     if rd.empty:

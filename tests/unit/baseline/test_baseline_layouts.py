@@ -1,4 +1,4 @@
-"""Seed 003's Megatron baseline on several GPUs (issue 23): the layouts of one precision, the planner's
+"""The baseline checklist's Megatron baseline on several GPUs: the layouts of one precision, the planner's
 among them, each with the planner's predicted iteration time."""
 
 import dataclasses
@@ -19,23 +19,23 @@ from workspace import make_workspace
 
 ROOT = Path(__file__).resolve().parents[3]
 
-SEED_003 = {"benchmark": "gpt_1p3b", "precisions": ["bf16"], "mbs": 4, "gbs": 16, "iterations": 20, "tp": 1, "pp": 1,
+CHECKLIST = {"benchmark": "gpt_1p3b", "precisions": ["bf16"], "mbs": 4, "gbs": 16, "iterations": 20, "tp": 1, "pp": 1,
             "dp": None, "attention": "sdpa", "timeout_s": 420,
             "layouts": [{"tp": 1}, {"tp": 2}, {"planner": True}]}
 
 
 def test_each_layout_takes_the_nodes_remaining_gpus_as_dp():
-    got = [megatron.layout_of(e, 2) for e in megatron.entries(SEED_003) if not e.get("planner")]
+    got = [megatron.layout_of(e, 2) for e in megatron.entries(CHECKLIST) if not e.get("planner")]
     assert got == [Layout(tp=1, dp=2, mbs=4, ga=2), Layout(tp=2, dp=1, mbs=4, ga=4)]
-    assert megatron.entries({**SEED_003, "layouts": None}) == [{**SEED_003, "layouts": None}]
+    assert megatron.entries({**CHECKLIST, "layouts": None}) == [{**CHECKLIST, "layouts": None}]
 
 
 def test_layouts_the_node_cannot_hold_stop_the_dag_by_name():
-    megatron.check_layouts(SEED_003, 2)
+    megatron.check_layouts(CHECKLIST, 2)
     with pytest.raises(config.ConfigError, match="TP4 x PP1 x DP0 needs more than the node's 2 GPU"):
-        megatron.check_layouts({**SEED_003, "layouts": [{"tp": 4}]}, 2)
+        megatron.check_layouts({**CHECKLIST, "layouts": [{"tp": 4}]}, 2)
     with pytest.raises(config.ConfigError, match="planner: true takes no other key"):
-        megatron.check_layouts({**SEED_003, "layouts": [{"planner": True, "tp": 2}]}, 2)
+        megatron.check_layouts({**CHECKLIST, "layouts": [{"planner": True, "tp": 2}]}, 2)
     with pytest.raises(config.ConfigError, match="pipeline"):
         load_settings(ROOT, write(ROOT, "baseline: {megatron: {layouts: [{tp: 2, pipeline: 2}]}}\n"))
 
@@ -71,7 +71,7 @@ def test_every_layout_runs_and_is_one_row_of_the_report(tmp_path, monkeypatch):
     pre = tmp_path / "preflight.json"
     pre.write_text(json.dumps({"summary": {"verdict": "pass", "gpu_model": H100}}))
     b = load_settings(ws)["baseline"]
-    b["megatron"] = {**SEED_003, "layouts": [{"tp": 1}, {"tp": 2}]}
+    b["megatron"] = {**CHECKLIST, "layouts": [{"tp": 1}, {"tp": 2}]}
     out, log = tmp_path / "megatron_bf16.json", tmp_path / "megatron_bf16.log"
     rows = megatron.run(settings, b, "bf16", pre, out, log)
     assert json.loads(out.read_text()) == rows and [(r["tp"], r["dp"]) for r in rows] == [(1, 2), (2, 1)]

@@ -33,7 +33,7 @@ def _settings(tmp_path, text: str) -> dict:
     return load_settings(ROOT, path)
 
 
-def test_defaults_are_the_seed_003_model_in_short_synthetic_runs(tmp_path):
+def test_defaults_are_the_baseline_checklists_model_in_short_synthetic_runs(tmp_path):
     m = _settings(tmp_path, "baseline: {}\n")["baseline"]["megatron"]
     assert m == {"benchmark": "gpt_1p3b", "precisions": ["bf16", "fp16"], "mbs": 4, "gbs": 16, "iterations": 20,
                  "tp": 1, "pp": 1, "dp": None, "attention": "sdpa", "timeout_s": 420}
@@ -56,7 +56,7 @@ def test_settings_errors_name_the_file_and_the_key(tmp_path, text, key):
 def test_layout_is_tp1_pp1_dp_all_gpus_unless_set():
     m = {"tp": 1, "pp": 1, "dp": None, "mbs": 4, "gbs": 128}
     assert megatron.layout_of(m, 8) == Layout(tp=1, pp=1, dp=8, mbs=4, ga=4)
-    assert megatron.layout_of({**m, "tp": 4}, 8) == Layout(tp=4, pp=1, dp=2, mbs=4, ga=16)  # seed 003's TP4 DP2
+    assert megatron.layout_of({**m, "tp": 4}, 8) == Layout(tp=4, pp=1, dp=2, mbs=4, ga=16)  # the baseline checklist's TP4 DP2
     with pytest.raises(config.ConfigError, match="not a multiple"):
         megatron.layout_of({**m, "gbs": 12}, 8)
     with pytest.raises(config.ConfigError, match="GPU"):

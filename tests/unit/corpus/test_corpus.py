@@ -258,7 +258,7 @@ def test_slimpajama_shards_and_the_seed_split():
     assert len(all_shards) == 60000
     assert all_shards[6001].name == "example_train_chunk2_shard1.jsonl.zst"
     assert all_shards[6001].source.endswith("/train/chunk2/example_train_1.jsonl.zst")
-    # seed 001's split_shards: rank r of w takes [r*n//w, (r+1)*n//w)
+    # the NeMo guide's split_shards: rank r of w takes [r*n//w, (r+1)*n//w)
     parts = [shards.share(6000, r, 96) for r in range(96)]
     assert parts[0] == range(0, 62) and parts[95] == range(5937, 6000)
     assert sum(len(p) for p in parts) == 6000

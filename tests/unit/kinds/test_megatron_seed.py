@@ -114,7 +114,7 @@ def test_a_seed_refuses_to_start_before_the_corpus_stages_have_run(tmp_path):
 
 @pytest.mark.parametrize("benchmark, system", [("gpt_8b_nemo", "dgxh100-64x8"), ("gpt_126m_deepspeed", "dgxb200")])
 def test_a_seed_of_another_launcher_refuses_what_its_plan_only_shows(tmp_path, benchmark, system):
-    """Seed 001's NeMo and seed 002's Megatron-DeepSpeed commands are rendered for review; their seeds
+    """The NeMo guide's and the Megatron-DeepSpeed guide's commands are rendered for review; their seeds
     would otherwise train Megatron-LM under a plan that showed something else."""
     ws = _workspace(tmp_path / "ws")
     settings = mlrepro_config.load({"benchmarks": [benchmark], "system": system}, ws)

@@ -38,7 +38,7 @@ def test_retention_keeps_the_last_k_and_the_best_by_validation_loss(tmp_path):
     kept = [c.step for c in checkpoints.listing(tmp_path)]
     assert kept == [40, 80, 120, 140]  # best two (80: 3.0, 40: 3.1) plus the last two
     assert sorted(removed) == [20, 60, 100]
-    # Seed 001's policy: top 10 by val_loss plus the last.
+    # The NeMo guide's policy: top 10 by val_loss plus the last.
     found = [checkpoints.Checkpoint(s, tmp_path, 10.0 - s / 100) for s in range(0, 2000, 100)]
     assert checkpoints.to_keep(found, keep_last=1, keep_best=10) == set(range(1000, 2000, 100))
     assert checkpoints.to_keep(found, keep_last=0, keep_best=0, keep_every=500) == {0, 500, 1000, 1500, 1900}

@@ -153,12 +153,12 @@ def test_a_gbs_no_layout_divides_is_explained():
     assert "DP in {5}" in str(err.value) and "multiple of 5" in str(err.value) and "5 or 10" in str(err.value)
 
 
-def test_seed_002_layouts_fit_and_the_planner_answers_for_each():
-    spec = importlib.util.spec_from_file_location("plan_seed002", ROOT / "benchmarks" / "plan_seed002.py")
+def test_the_megatron_deepspeed_guides_layouts_fit_and_the_planner_answers_for_each():
+    spec = importlib.util.spec_from_file_location("plan_megatron_deepspeed_guide", ROOT / "benchmarks" / "plan_megatron_deepspeed_guide.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     table = mod.table()
-    assert len(table) == len(mod.SEED_002)
+    assert len(table) == len(mod.GUIDE_LAYOUTS)
     assert table["fits"].all()
     # 13B on 16 A100 80GB as TP1 PP4 DP4 fits only by recomputing attention
     row = table[table["config"] == "gpt-13b-4xdp-4xpp.yaml"].iloc[0]

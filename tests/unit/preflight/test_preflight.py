@@ -69,7 +69,7 @@ def test_busbw_is_algbw_times_2_n_minus_1_over_n():
     assert collectives.busbw(rows[-1]["algbw_gbps"], 8) == pytest.approx(rows[-1]["busbw_gbps"], abs=0.01)
 
 
-def test_seed_003_sweep():
+def test_the_baseline_checklists_sweep():
     sizes = collectives.sweep(8, 128 << 20, 2)
     assert sizes[0] == 8 and sizes[-1] == 128 << 20 and len(sizes) == 25
 

@@ -123,7 +123,7 @@ def test_cli_exit_codes(corpus, capsys):
     assert "hardware.gpu_memory_gb" in capsys.readouterr().err
 
 
-def test_nemo_variant_renders_seed_001_command(corpus):
+def test_nemo_variant_renders_the_nemo_guides_command(corpus):
     text, _ = _render("gpt_8b_nemo", "dgxh100-64x8", corpus, "nemo-7b-improved-8x8")
     head, cmd = text.splitlines()
     assert "8 node(s) x 8 GPUs" in head and "TP2 PP1 DP32" in head and "300,000 iterations" in head
@@ -137,7 +137,7 @@ def test_nemo_variant_renders_seed_001_command(corpus):
     limit = re.search(r'time_limit="(\d+)-(\d\d):(\d\d):00"', cmd).groups()
     stop = re.search(r'max_time="(\d+):(\d\d):(\d\d):00"', cmd).groups()
     minutes = lambda d, h, m: (int(d) * 24 + int(h)) * 60 + int(m)  # noqa: E731
-    assert minutes(*limit) - minutes(*stop) == 30  # seed 001: stop 30-60 min before the job limit
+    assert minutes(*limit) - minutes(*stop) == 30  # the NeMo guide: stop 30-60 min before the job limit
 
 
 def test_deepspeed_variant_renders_ds_config(corpus):

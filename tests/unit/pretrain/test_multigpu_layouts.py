@@ -17,7 +17,7 @@ def gpt_126m():
 
 @pytest.mark.parametrize("layout, shape", [
     (None, (1, 1, 1)),              # the benchmark's first layout that fits: one GPU of the two
-    ("gpt-125m-2xdp", (1, 1, 2)),   # seed 002's "2x DP" row
+    ("gpt-125m-2xdp", (1, 1, 2)),   # the Megatron-DeepSpeed guide's "2x DP" row
     ("gpt-125m-2xtp", (2, 1, 1)),
 ])
 def test_the_workflow_names_the_layout_a_seed_runs(gpt_126m, layout, shape):

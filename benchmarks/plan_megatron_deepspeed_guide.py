@@ -1,19 +1,19 @@
-"""Seed 002's hand-made Megatron-DeepSpeed GPT-3 layouts, checked by the planner.
+"""The Megatron-DeepSpeed guide's hand-made GPT-3 layouts, checked by the planner.
 
-For each row of the seed's table: does the layout fit the GPUs it names (with the best
+For each row of the guide's table: does the layout fit the GPUs it names (with the best
 micro-batch and recompute for it), and what would the planner choose on the same GPUs instead.
 GPUs are A100 SXM (40 GB for 125M and 1.3B, 80 GB for 13B, as the table says); global batches
 are the GPT-3 paper's; attention is materialised and dropout on, as in Megatron-DeepSpeed's
 GPT-3 examples of that time; ZeRO-1 is the distributed optimizer.
 
-    PYTHONPATH=src python benchmarks/plan_seed002.py
+    PYTHONPATH=src python benchmarks/plan_megatron_deepspeed_guide.py
 
-Recorded (2026-11-23; docs/measurements/planner/plan_seed002.txt): all nine layouts fit their GPUs;
+Recorded (2026-11-23; docs/measurements/planner/plan_megatron_deepspeed_guide.txt): all nine layouts fit their GPUs;
 13B as TP1 PP4 DP4 on 16 x A100 80GB only with selective recompute (46.0 GB; without it the
-attention scores and dropout do not fit). The planner keeps the seed's layout for the six
+attention scores and dropout do not fit). The planner keeps the guide's layout for the six
 125M/1.3B rows and would run 13B as TP1 PP2 CP2 DP4 (16 GPUs, 65.7 GB, 1% faster), TP1 PP4 DP8
 (32 GPUs, 74.4 GB, 0.3% slower but within the 1% tolerance and simpler: 4 GPUs per replica, not
-8) and TP1 PP8 CP2 DP4 (64 GPUs, 30.3 GB, 3% faster than the seed's TP4 PP4 DP4, whose TP
+8) and TP1 PP8 CP2 DP4 (64 GPUs, 30.3 GB, 3% faster than the guide's TP4 PP4 DP4, whose TP
 all-reduces the model does not overlap in plain Megatron).
 """
 
@@ -24,7 +24,7 @@ import pandas as pd
 from mlrepro.plan import hardware, search, workloads
 
 # (config file, size, GPU memory GB, GPUs, TP, PP, DP)
-SEED_002 = [
+GUIDE_LAYOUTS = [
     ("gpt-125m.yaml", "gpt-126m", 40, 1, 1, 1, 1),
     ("gpt-125m-2xdp.yaml", "gpt-126m", 40, 2, 1, 1, 2),
     ("gpt-125m-4xdp.yaml", "gpt-126m", 40, 4, 1, 1, 4),
@@ -60,7 +60,7 @@ def check(row) -> dict:
 
 
 def table() -> pd.DataFrame:
-    return pd.DataFrame([check(r) for r in SEED_002])
+    return pd.DataFrame([check(r) for r in GUIDE_LAYOUTS])
 
 
 if __name__ == "__main__":
