@@ -65,8 +65,9 @@ STEP_LINE = re.compile(
     r"|\biteration\s+(?P<megatron>\d+)/\s*\d+\s*\|"
     r"|:::MLLOG .*\"samples_count\":\s*(?P<samples>\d+)"
     r"|\bheartbeat\b")
-_ERROR_LINE = re.compile(r"Error\b|Exception\b|Traceback|error:|FAILED|Assertion|Killed|Aborted|"
-                         r"[Ss]egmentation fault|exited with|No such file", re.IGNORECASE)
+# Case matters: "failed" in a folder's name is no error.
+_ERROR_LINE = re.compile(r"\w(?:Error|Exception)\b|Traceback|\b[Ee]rror:|\bERROR\b|\bFAILED\b|Killed|Aborted|"
+                         r"[Ss]egmentation fault|exited with|No such file")
 _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:\d+:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))\b:?(.*)$")
 _VOLATILE = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
@@ -178,7 +179,10 @@ class Budget:
             # until the workflow is run again.
             return Verdict(chained, "" if chained else "cancelled")
         if recovered:
-            self.last_signature = None  # the next attempt starts from another checkpoint
+            # Its cause is gone (the next attempt starts from another checkpoint): no budget spent. A
+            # checkpoint is set aside once, so this cannot repeat for ever.
+            self.last_signature = None
+            return Verdict(True)
         elif cls == FAILED_BEFORE_FIRST_STEP:
             return Verdict(False, "a load or configuration error, which retrying cannot mend")
         elif repeated and cls == FAILED_MID_RUN:

@@ -147,7 +147,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
             decided_elsewhere = exc.retry
         text = run_log.read_text(errors="replace") if run_log.exists() else ""
         said = segment_record(text) or {}
-        backend_state = (failure or {}).get("state", "COMPLETED")
+        backend_state = "COMPLETED" if failure is None else failure.get("state", "FAILED")
         cls = attempt.classify(attempt.Ended(
             backend_state, text, finished=finished(text), saved_at_limit=said.get("status") == "resume",
             node_side=node_health.node_side(backend_state, text), exit_code=(failure or {}).get("exit_code")))
@@ -193,7 +193,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
                 reason = f"{reason}: {why}" if why else reason
                 record_failure(plan.seed_dir, reason,
                                **{**{k: v for k, v in (failure or {}).items() if k not in ("reason", "time", "message")},
-                                  "state": backend_state, "class": cls, "error_lines": errors, "signature": sig,
+                                  "state": (failure or {}).get("state", backend_state), "class": cls, "error_lines": errors, "signature": sig,
                                   "attempts": budget.history})
             raise SeedFailed(f"seed {plan.seed}: {reason or (failure or {}).get('message') or 'cancelled'}"
                              + ("\n  " + "\n  ".join(errors[-5:]) if errors else ""), retry=False)

@@ -193,3 +193,8 @@ def test_steps_replayed_before_a_resume_are_not_new_steps():
     megatron = (" iteration      100/     650 | consumed samples: 1600 |\n"
                 " successfully loaded checkpoint from /c [ t 1/1, p 1/1 ] at iteration 100\n")
     assert A.steps_in(megatron) == []
+
+
+def test_words_in_paths_are_no_errors():
+    text = "mini_gpt: resuming from /tmp/test_failed_run/checkpoints (step 30)\nloading /data/error_cases/x.bin\n"
+    assert A.error_lines(text) == [] and A.signature(text) is None

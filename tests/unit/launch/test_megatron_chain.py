@@ -8,12 +8,14 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from mlrepro import config as mlrepro_config
 from mlrepro.kinds import megatron as megatron_seed
 from mlrepro.launch import chain as segments
+from mlrepro.launch.job import SeedFailed
 from mlrepro.paths import SeedPaths
 from mlrepro.formats import checkpoints
 from mlrepro.corpus import blend
@@ -129,9 +131,10 @@ def megatron_segment(folder: Path, log: Path, saved: int, line: str | None, kill
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"iter_{saved:07d}").mkdir(exist_ok=True)
         (folder / checkpoints.MEGATRON_TRACKER).write_text(str(saved))
-        log.write_text(f"iteration {saved}/ 650 |\n" + (line + "\n" if line else ""))
+        log.write_text(f" iteration {saved + 7:8d}/     650 | consumed samples: 1 | elapsed time per iteration (ms): 100.0 |\n"
+                       + (line + "\n" if line else ""))
         if killed:
-            raise segments.SegmentEnded("killed with SIGKILL")
+            raise SeedFailed("killed with SIGKILL")
     return run
 
 
@@ -145,10 +148,12 @@ def test_the_chain_follows_megatrons_checkpoints_through_a_killed_segment(tmp_pa
                  megatron_segment(folder, log, 300, None, killed=True),  # killed after its save at 300
                  megatron_segment(folder, log, 560, said("resume", 300, 560)),
                  megatron_segment(folder, log, 650, said("success", 560, 650) + "\n" + stop)])
-    state = segments.run_chain(seed, log, lambda: next(jobs)(), segments.Limits(100, 30, 2),
-                               failures=(segments.SegmentEnded,))
+    state = segments.run_seed(SimpleNamespace(seed_dir=seed, seed=1, ranks=1), None, log, lambda *_: next(jobs)(),
+                              segments.Limits(100, 30), retries=1)
     chain = state["segments"]
     assert [s["status"] for s in chain] == ["resume", "killed", "resume", "success"]
+    assert [s["class"] for s in chain] == ["saved_at_limit", "failed_mid_run", "saved_at_limit", "finished"]
+    assert (chain[1]["lost_steps"], chain[1]["lost_s"]) == (7, 0.7)  # Megatron's own step time
     assert [(s["from_step"], s["to_step"]) for s in chain] == [(0, 260), (260, 300), (300, 560), (560, 650)]
     assert checkpoints.latest_step(folder) == 650
 
