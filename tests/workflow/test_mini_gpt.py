@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -19,6 +20,7 @@ from mlrepro.slurm import client as slurm
 from mlrepro.corpus import minicorpus
 from mlrepro.formats import checkpoints
 from mlrepro.pretrain import progress
+from mlrepro.util import proctree
 from workspace import make_workspace, planned_jobs, run_snakemake, snakemake_cmd, wait_for
 
 pytestmark = pytest.mark.slow
@@ -39,10 +41,10 @@ def seed_1_alone(ws: Path) -> dict:
     return spec
 
 
-def variant(ws: Path, name: str, job_seconds: float, margin: float, system_line: str | None = None) -> None:
-    """config/benchmarks/<name>.yaml: mini_gpt's seed 1 alone, under a job limit."""
+def variant(ws: Path, name: str, job_seconds: float, margin: float, system_line: str | None = None, **keys) -> None:
+    """config/benchmarks/<name>.yaml: mini_gpt's seed 1 alone, under a job limit (and other benchmark `keys`)."""
     spec = seed_1_alone(ws)
-    spec.update(name=name)
+    spec.update(name=name, **keys)
     spec["segments"].update(job_seconds=job_seconds, margin_seconds=margin)
     (ws / f"config/benchmarks/{name}.yaml").write_text(yaml.safe_dump(spec))
     if system_line:
@@ -196,6 +198,102 @@ def test_kills_mid_segment_and_between_segments_lose_at_most_one_checkpoint_inte
     assert chain[-1]["status"] == "success"
     uninterrupted = evals(ws / "results/mini_gpt/seed_1/mllog.txt")
     assert [v for _, v in evals(seed / "mllog.txt")] == pytest.approx([v for _, v in uninterrupted], abs=1e-6)
+
+
+def rank(seed: Path, number: int) -> proctree.Proc | None:
+    """The training process of rank `number` of the seed's running attempt."""
+    for p in proctree.find(proctree.seed_marker(seed)):
+        try:
+            env = Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "train.py" in p.command and f"RANK={number}".encode() in env:
+            return p
+    return None
+
+
+def test_a_hung_rank_is_stopped_within_its_timeout_and_the_seed_resumes_to_the_same_loss(scored):
+    ws = scored["ws"]
+    # Half the seed's training a job; a hang is no progress line for 5 x the longest interval, at least 10 s.
+    variant(ws, "mini_gpt_hang", job_seconds=job_seconds(ws, 0.5, margin=2), margin=2,
+            hang={"floor_seconds": 10, "multiple": 5, "startup_seconds": 120})
+    seed = ws / "results/mini_gpt_hang/seed_1"
+    target = "results/mini_gpt_hang/seed_1/run.json"
+    proc = subprocess.Popen(snakemake_cmd(*LOCAL, "--", target), cwd=ws, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        # Past a checkpoint and half-way to the next: SIGSTOP rank 1; rank 0 waits on it in every all-reduce.
+        stopped = wait_for(lambda: (live := progress.live(seed) or {}).get("step", 0) >= 30
+                           and live["step"] % CKPT_EVERY == 10 and rank(seed, 1), 300, "a segment mid-way", proc)
+        os.kill(stopped.pid, signal.SIGSTOP)
+        at = time.monotonic()
+        hung = wait_for(lambda: next((s for s in json.loads((seed / "segments.json").read_text())["segments"]
+                                      if s.get("class") == "hung"), None) if (seed / "segments.json").exists()
+                        else None, 300, "the hang recorded", proc)
+        detected = time.monotonic() - at
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-4000:]
+    timeout = float(re.search(r"timeout (\d+) s", hung["error"]).group(1))
+    print(f"hang: rank 1 stopped, detected after {detected:.0f} s (timeout {timeout:.0f} s); " + hung["error"])
+    assert "no progress for" in hung["error"] and 10 <= timeout and detected <= timeout + 30
+    chain = json.loads((seed / "run.json").read_text())["segments"]
+    assert [s["class"] for s in chain].count("hung") == 1 and chain[-1]["class"] == "finished"
+    after = chain[chain.index(hung) + 1] if hung in chain else None
+    assert after is not None and after["from_step"] == hung["to_step"]  # resumed from the last checkpoint
+    assert all(s["gpu_s"] > 0 for s in chain)
+    uninterrupted = evals(ws / "results/mini_gpt/seed_1/mllog.txt")
+    assert [v for _, v in evals(seed / "mllog.txt")] == pytest.approx([v for _, v in uninterrupted], abs=1e-6)
+
+
+def test_a_damaged_last_checkpoint_is_set_aside_and_the_seed_resumes_from_the_one_before(scored):
+    ws = scored["ws"]
+    variant(ws, "mini_gpt_damaged", job_seconds=job_seconds(ws, 0.4, margin=2), margin=2)
+    seed = ws / "results/mini_gpt_damaged/seed_1"
+    target = "results/mini_gpt_damaged/seed_1/run.json"
+    first = subprocess.Popen(snakemake_cmd(*LOCAL, "--", target), cwd=ws, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        # The workflow dies once a segment has saved at its limit and the next is under way.
+        wait_for(lambda: (seed / "segments.json").exists() and rank(seed, 0), 300, "a second segment", first)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    wait_for(lambda: rank(seed, 0) is None, 60, "the orphaned ranks stopped by their watchdog")
+    folder = seed / "checkpoints"
+    damaged = checkpoints.latest(folder)
+    state = damaged.path / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a disk that lost its tail
+    before = len(json.loads((seed / "segments.json").read_text())["segments"])
+    run_snakemake(ws, "--unlock", *LOCAL)
+    run_snakemake(ws, *LOCAL, "--", target, timeout=600)
+    assert (folder / f"bad_step_{damaged.step:08d}").is_dir()  # set aside and named, not deleted
+    chain = json.loads((seed / "run.json").read_text())["segments"]
+    resumed = chain[before]  # the rerun's first segment
+    print(f"damaged checkpoint of step {damaged.step}: " + "; ".join(
+        f"{s['from_step']}->{s['to_step']} {s['class']}" for s in chain))
+    assert resumed["from_step"] < damaged.step and chain[-1]["class"] == "finished"
+    uninterrupted = evals(ws / "results/mini_gpt/seed_1/mllog.txt")
+    assert [v for _, v in evals(seed / "mllog.txt")] == pytest.approx([v for _, v in uninterrupted], abs=1e-6)
+
+
+def test_a_deterministic_error_fails_the_seed_once_with_the_trainers_words(scored):
+    ws = scored["ws"]
+    variant(ws, "mini_gpt_broken", job_seconds=job_seconds(ws, 0.5, margin=2), margin=2, retries=3,
+            env={"N_HEAD": "5"})  # 192 is no multiple of 5: the trainer refuses before its first step
+    proc = run_snakemake(ws, *LOCAL, "--", "results/mini_gpt_broken/seed_1/run.json", timeout=300, check=False)
+    seed = ws / "results/mini_gpt_broken/seed_1"
+    assert proc.returncode != 0
+    failure = json.loads((seed / "failure.json").read_text())
+    assert failure["class"] == "failed_before_first_step" and failure["attempts"] == ["failed_before_first_step"]
+    assert any("N_EMBD=192 is not a multiple of N_HEAD=5" in line for line in failure["error_lines"])
+    assert len(list(seed.glob("attempt_*"))) == 1  # not retried: 3 retries would not mend it
+    from mlrepro import status
+    assert "N_HEAD=5" in status.format_table([status.seed_status(1, seed)])
 
 
 @pytest.fixture(scope="module")

@@ -120,23 +120,42 @@ def classify(ended: Ended) -> str:
     return FAILED_MID_RUN if steps_in(ended.log_text) else FAILED_BEFORE_FIRST_STEP
 
 
-def error_lines(text: str, limit: int = 12) -> list[str]:
-    """The trainer's own last error lines: the last traceback's tail, else the last lines that look like errors."""
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    # mlrepro's own closing notes are not the trainer's words.
-    lines = [ln for ln in lines if not ln.startswith("mlrepro:")]
+# What launchers say about a rank that failed (torchrun's ChildFailedError report, srun's and run.sub's own
+# lines) is not the rank's error: the trainer's own words stand before it.
+_LAUNCHER_LINE = re.compile(r"^(?:srun|run\.sub|mlrepro): ")
+_LAUNCHER_END = re.compile(r"ChildFailedError")
+_LAUNCHER_START = re.compile(r"Traceback \(most recent call last\)|torch[./]distributed[./](?:elastic|run)")
+
+
+def _trainer_lines(text: str) -> list[str]:
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not _LAUNCHER_LINE.match(ln.strip())]
+    end = next((i for i, ln in enumerate(lines) if _LAUNCHER_END.search(ln)), None)
+    if end is not None:
+        start = end
+        # Back over the launcher's traceback: its indented frames, its "Traceback" line, its own log lines.
+        while start > 0 and (lines[start - 1].startswith((" ", "\t")) or _LAUNCHER_START.search(lines[start - 1])):
+            start -= 1
+        lines = lines[:start]
+    return lines
+
+
+def error_lines(text: str, limit: int = 12, strict: bool = False) -> list[str]:
+    """The trainer's own last error lines: the last traceback's tail, else the last lines that look like
+    errors, else (unless `strict`) its last lines, whatever they say. Launchers' reports are left out."""
+    lines = _trainer_lines(text)
     last_tb = max((i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln), default=None)
     if last_tb is not None:
         tail = lines[last_tb:]
         exc = max((i for i, ln in enumerate(tail) if _EXCEPTION.match(ln.strip())), default=len(tail) - 1)
         return tail[max(0, exc + 1 - limit):exc + 1]
-    return [ln for ln in lines if _ERROR_LINE.search(ln)][-limit:]
+    errors = [ln for ln in lines if _ERROR_LINE.search(ln)][-limit:]
+    return errors if errors or strict else lines[-3:]
 
 
 def signature(text: str) -> str | None:
     """What identifies a failure across attempts: the exception (or last error line) with its numbers and
     addresses blanked, hashed. None when the log names no error."""
-    errors = error_lines(text)
+    errors = error_lines(text, strict=True)
     if not errors:
         return None
     named = [m for ln in errors if (m := _EXCEPTION.match(ln.strip()))]

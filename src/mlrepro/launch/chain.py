@@ -154,6 +154,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
         if failure is None and finish is not None and (cls == attempt.FINISHED or not chained):
             try:
                 finish()
+                cls = attempt.FINISHED  # the kind took the log as the run's result (a Megatron log has no run_stop)
             except SeedFailed as exc:
                 if not exc.retry:
                     raise
@@ -162,7 +163,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
                 cls = attempt.FAILED_MID_RUN if cls == attempt.FINISHED else cls
         after = (said.get("to_step", _step(folder)) if cls == attempt.FINISHED else _step(folder)) if chained else 0
         failed = cls not in attempt.NOT_FAILURES
-        errors = attempt.error_lines(text) if failed else []
+        errors = attempt.error_lines(text) if failed and cls != attempt.HUNG else []
         sig = attempt.signature(text) if failed else None
         recovered = None
         if (cls == attempt.FAILED_BEFORE_FIRST_STEP and chained and before and not set_aside_once

@@ -52,8 +52,9 @@ def test_error_lines_are_the_trainers_last_traceback():
 
 def test_error_lines_without_a_traceback_are_the_lines_that_look_like_errors():
     text = "loading\nRuntimeError: CUDA out of memory\nstill here\nsrun: error: node2: task 1: Exited with exit code 1\n"
-    assert A.error_lines(text) == ["RuntimeError: CUDA out of memory", "srun: error: node2: task 1: Exited with exit code 1"]
-    assert A.error_lines("all fine\nprogress: step 10/20\n") == []
+    assert A.error_lines(text) == ["RuntimeError: CUDA out of memory"]  # srun's own line is the launcher's
+    assert A.error_lines("all fine\nprogress: step 10/20\n", strict=True) == []
+    assert A.error_lines("all fine\nprogress: step 10/20\n") == ["all fine", "progress: step 10/20"]  # its last words
 
 
 def test_signature_ignores_numbers_and_addresses_but_not_the_error():
@@ -197,4 +198,30 @@ def test_steps_replayed_before_a_resume_are_not_new_steps():
 
 def test_words_in_paths_are_no_errors():
     text = "mini_gpt: resuming from /tmp/test_failed_run/checkpoints (step 30)\nloading /data/error_cases/x.bin\n"
-    assert A.error_lines(text) == [] and A.signature(text) is None
+    assert A.error_lines(text, strict=True) == [] and A.signature(text) is None
+
+
+TORCHRUN = """\
+W1128 13:00:00.000 torch/distributed/run.py:793] Setting OMP_NUM_THREADS environment variable for each process
+mini_gpt train.py: N_EMBD=192 is not a multiple of N_HEAD=5
+mini_gpt train.py: N_EMBD=192 is not a multiple of N_HEAD=5
+E1128 13:00:01.000 1 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 2) local_rank: 0
+Traceback (most recent call last):
+  File "/usr/lib/python3/dist-packages/torch/distributed/run.py", line 892, in main
+    run(args)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+Root Cause (first observed failure):
+  exitcode  : 2 (pid: 1234)
+============================================================
+srun: error: node1: task 0: Exited with exit code 2
+"""
+
+
+def test_the_trainers_words_stand_before_the_launchers_report():
+    assert A.error_lines(TORCHRUN)[-1] == "mini_gpt train.py: N_EMBD=192 is not a multiple of N_HEAD=5"
+    assert A.signature(TORCHRUN) is None  # no error a second attempt could repeat by name
+    assert A.classify(A.Ended("FAILED", log_text=TORCHRUN, exit_code=2)) == A.FAILED_BEFORE_FIRST_STEP
+    inner = TORCHRUN.replace("mini_gpt train.py: N_EMBD", "Traceback (most recent call last):\nValueError: N_EMBD")
+    assert A.error_lines(inner)[-1].startswith("ValueError: N_EMBD=192")
