@@ -15,6 +15,7 @@
 #             run-to-run spread of the final validation loss the chain is held to.
 # PART resume: the chained seed at LAYOUT (default gpt-125m-2xdp, GPUS 0,1) with one segment killed, then the
 #             same seed uninterrupted on the same GPUs: the final validation losses side by side.
+# PART repeat: the same seed uninterrupted at LAYOUT, RUNS (2) times: the run-to-run spread.
 # PART four:  (x4) GPT-126M at DP4 and the baseline checklist's baseline at TP4 and DP4, on all 4 GPUs.
 # Back in $OUT: PART.tgz (the records: preflight.json, baseline.json and report, score/run json, segments,
 # Megatron's logs) and PART.txt (what ran, with timings). Ends well inside the 10-minute call.
@@ -175,17 +176,29 @@ if [ "$PART" = resume ]; then
   sed -e 's/^name: gpt_126m/name: gpt_126m_chain/' /tmp/lanes/chain/config/benchmarks/gpt_126m.yaml > /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
   echo "segments: {job_seconds: 100, margin_seconds: 30}" >> /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
   sed -i 's/benchmarks: \[gpt_126m\]/benchmarks: [gpt_126m_chain]/' /tmp/lanes/chain/device.yaml
-  (export CUDA_VISIBLE_DEVICES=$GPUS; smk chain 330 results/gpt_126m_chain/score.json --configfile device.yaml --config system=$SYS2; say "chain done") &
+  (export CUDA_VISIBLE_DEVICES=$GPUS; smk chain ${CHAIN_S:-400} results/gpt_126m_chain/score.json --configfile device.yaml --config system=$SYS2; say "chain done") &
   CH=$!
-  (cd /tmp/lanes/chain && timeout 320 python3 "$T/device/multigpu_kill.py" results/gpt_126m_chain/seed_1 2 100 310 > "$REC/kill.json" 2>&1)
+  (cd /tmp/lanes/chain && timeout 390 python3 "$T/device/multigpu_kill.py" results/gpt_126m_chain/seed_1 2 100 380 > "$REC/kill.json" 2>&1)
   say "kill: $(cat "$REC/kill.json")"
   wait $CH
   keep chain $seed_files
   gpt126m ref "$LAYOUT" "$SYS2" "$ITERS" ""
-  (export CUDA_VISIBLE_DEVICES=$GPUS; smk ref 200 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; say "uninterrupted done")
+  (export CUDA_VISIBLE_DEVICES=$GPUS; smk ref ${REF_S:-150} results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; say "uninterrupted done")
   keep ref $seed_files
   say "segments: $(cd /tmp/lanes/chain && python3 -c "import json; [print(s['index'], s['from_step'], s['to_step'], s.get('class'), s.get('gpu_s'), s.get('lost_steps'), s.get('lost_s'), s.get('val_loss')) for s in json.load(open('results/gpt_126m_chain/seed_1/segments.json'))['segments']]" 2>&1 | tr '\n' ';')"
   for l in chain ref; do say "$l: $(grep -h 'validation loss at iteration' /tmp/lanes/$l/results/gpt_126m*/seed_1/mllog.txt 2>/dev/null | tail -2 | tr '\n' ' ')"; done
+fi
+
+if [ "$PART" = repeat ]; then
+  # The same seed uninterrupted at LAYOUT, RUNS times one after another: the run-to-run spread of its final
+  # validation loss, which a resumed chain is compared within.
+  ITERS=${ITERS:-650}; LAYOUT=${LAYOUT:-gpt-125m-2xdp}; GPUS=${GPUS:-0,1}
+  for i in $(seq 1 "${RUNS:-2}"); do
+    gpt126m "rep$i" "$LAYOUT" "$SYS2" "$ITERS" ""
+    (export CUDA_VISIBLE_DEVICES=$GPUS; smk "rep$i" 200 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2)
+    keep "rep$i" $seed_files
+    say "rep$i: $(grep -h 'validation loss at iteration' /tmp/lanes/rep$i/results/gpt_126m/seed_1/mllog.txt 2>/dev/null | tail -2 | tr '\n' ' ')"
+  done
 fi
 
 if [ "$PART" = four ] && [ "$NGPU" -ge 4 ]; then

@@ -380,3 +380,34 @@ def test_a_seed_scancelled_while_an_earlier_invocation_ran_is_retried_by_the_rer
     with pytest.raises(launch_job.SeedFailed, match="CANCELLED") as failed:
         launch_slurm.run_seed_slurm(plan, system, plan.seed_dir / "run.log")
     assert not failed.value.retry, "a job cancelled while this invocation waits on it stays failed"
+
+
+@pytest.mark.slurm
+def test_a_hung_slurm_attempt_is_scancelled_by_the_watch_and_named(slurm_cluster, tmp_path):
+    """The hang watch on Slurm: it starts counting when the job runs (not while it queues), follows the
+    attempt's logs, and a quiet job is scancelled and recorded hung with its last line and nodes."""
+    from mlrepro import config as mlrepro_config
+    from mlrepro.launch import job as launch_job
+    from mlrepro.launch import slurm as launch_slurm
+
+    impl = tmp_path / "impl"
+    impl.mkdir()
+    write_script(impl / "run.sub", 'log="$LOGDIR/${DATESTAMP:-0}_1.log"\n'
+                 'for i in 1 2 3; do echo "tiny progress: step $i/100 tokens 1 loss 3.0 iter_s 0.1" >> "$log"; sleep 0.5; done\n'
+                 'echo "waiting on a peer that never answers" >> "$log"\nsleep 300\n')
+    seed_dir = tmp_path / "results" / "b" / "seed_1"
+    system = mlrepro_config.System(name="s", scheduler="slurm", nodes=2, gpus_per_node=4, slurm_poll_seconds=0.5)
+    plan = launch_job.with_sbatch(launch_job.SeedPlan(
+        benchmark="b", seed=1, scheduler="slurm", implementation_dir=impl, config_file=impl / "config_X.sh",
+        dgxsystem="X", nodes=1, gpus_per_node=1, walltime_minutes=5, seed_dir=seed_dir, env={},
+        job_name=launch_job.job_name("b", 1, seed_dir), hang={"floor_seconds": 3, "multiple": 5, "startup_seconds": 20}),
+        system)
+    started = time.monotonic()
+    with pytest.raises(launch_job.SeedFailed, match="hung: no progress for") as failed:
+        launch_slurm.run_seed_slurm(plan, system, seed_dir / "run.log")
+    assert failed.value.retry  # a hang is retried (from the last checkpoint), not a decision of someone's
+    assert time.monotonic() - started < 60  # 3 s floor (5 x 0.5 s is less) + polling, not the job's 300 s
+    failure = json.loads((seed_dir / "failure.json").read_text())
+    assert failure["state"] == "HUNG" and failure["nodes"] and "never answers" in failure["last_line"]
+    job = json.loads((seed_dir / "job.json").read_text())
+    assert slurm.job_info(job["job_id"]).state == "CANCELLED"

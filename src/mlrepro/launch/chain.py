@@ -163,7 +163,9 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
                 cls = attempt.FAILED_MID_RUN if cls == attempt.FINISHED else cls
         after = (said.get("to_step", _step(folder)) if cls == attempt.FINISHED else _step(folder)) if chained else 0
         failed = cls not in attempt.NOT_FAILURES
-        errors = attempt.error_lines(text) if failed and cls != attempt.HUNG else []
+        # A run killed mid-way has no last words of its own; one that never trained a step says why in any words.
+        errors = (attempt.error_lines(text, strict=cls != attempt.FAILED_BEFORE_FIRST_STEP)
+                  if failed and cls != attempt.HUNG else [])
         sig = attempt.signature(text) if failed else None
         recovered = None
         if (cls == attempt.FAILED_BEFORE_FIRST_STEP and chained and before and not set_aside_once

@@ -160,10 +160,6 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     return "".join(parts)
 
 
-# An attempt's class (mlrepro.launch.attempt), as the table says it; older records have only a status.
-_CLASS_WORDS = {"finished": "finished", "saved_at_limit": "saved at its limit", "cancelled": "preempted or cancelled",
-                "node_failure": "node failure", "hung": "hung", "failed_before_first_step": "failed before its first new step",
-                "failed_mid_run": "failed mid-run"}
 _FINE = {"finished", "saved_at_limit", "resume", "success"}
 
 
@@ -179,8 +175,8 @@ def _segments_html(runs: list[dict]) -> str:
         return f"{escape(s['lost_steps'])} steps, {number(s.get('lost_s'), '.1f')} s"
 
     def said(s: dict) -> str:
-        cls = s.get("class") or s.get("status")
-        return escape(_CLASS_WORDS.get(cls, cls))
+        # The attempt's class (mlrepro.launch.attempt) in words; an older record has only its status.
+        return escape(str(s.get("class") or s.get("status") or "").replace("_", " "))
 
     def error(s: dict) -> str:
         last = (s.get("error_lines") or [None])[-1]

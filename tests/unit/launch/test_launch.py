@@ -4,6 +4,7 @@ submitit with a tiny real implementation, failures, retries and the seed folder 
 from __future__ import annotations
 
 import json
+import time
 import os
 import shutil
 import signal
@@ -40,6 +41,12 @@ RUN_AND_TIME = textwrap.dedent("""\
     if [[ -n "${FAIL_BEFORE_STEP:-}" ]]; then echo "ValueError: bad setting on attempt $n" >&2; exit 2; fi
     mllog 3000 POINT_IN_TIME train_loss 2.0 '{"samples_count": 32}'
     if (( n <= ${FAIL_ATTEMPTS:-0} )); then echo "RuntimeError: boom on attempt $n" >&2; exit 3; fi
+    if (( n <= ${HANG_ATTEMPTS:-0} )); then sleep 300; fi
+    if [[ -n "${WAIT_FOR_USR1:-}" ]] && (( n == 1 )); then
+        trap 'echo "tiny: SIGUSR1, saving"; echo "tiny segment: {\\"status\\": \\"resume\\", \\"from_step\\": 0, \\"to_step\\": 1}"; exit 0' USR1
+        for i in $(seq 1 600); do sleep 0.1; done
+        exit 1
+    fi
     # A rank in a session of its own, as torch's elastic launcher starts them.
     if [[ -n "${RANK_IN_NEW_SESSION:-}" ]]; then setsid bash -c 'exec -a fake-rank sleep 300' & fi
     # The results folder fills up while the run writes its log.
@@ -175,6 +182,35 @@ def test_the_same_error_twice_in_a_row_ends_the_seed_within_its_budget(tree, mon
     assert (out.parent / "attempts").read_text().strip() == "2"  # not 6: the error will not heal
     failure = json.loads((out.parent / "failure.json").read_text())
     assert failure["attempts"] == ["failed_mid_run", "failed_mid_run"] and failure["signature"]
+
+
+@pytest.mark.slow
+def test_a_quiet_attempt_is_stopped_as_hung_and_the_seed_runs_again(tree, monkeypatch):
+    write_benchmark(tree, retries=1, hang={"floor_seconds": 2, "multiple": 5, "startup_seconds": 4})
+    monkeypatch.setenv("HANG_ATTEMPTS", "1")  # the first attempt logs one step, then hangs
+    out, log = seed_paths(tree, 1)
+    started = time.monotonic()
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert time.monotonic() - started < 60  # not the stub's 300 s sleep: the watch stopped it
+    assert (out.parent / "attempts").read_text().strip() == "2" and out.exists()
+    first = json.loads((out.parent / "attempt_1" / "attempt.json").read_text())
+    assert first["class"] == "hung" and first["state"] == "HUNG"
+    assert json.loads((out.parent / "attempt_2" / "attempt.json").read_text())["class"] == "finished"
+    assert not (out.parent / "failure.json").exists()
+
+
+@pytest.mark.slow
+def test_the_save_signal_reaches_the_run_before_its_limit(tree, monkeypatch):
+    # A 60 s job limit with the signal 57 s before it: SIGUSR1 after about 3 s, long before the margin.
+    write_benchmark(tree, segments={"job_seconds": 60, "margin_seconds": 0, "save_signal_seconds": 57})
+    monkeypatch.setenv("WAIT_FOR_USR1", "1")
+    out, log = seed_paths(tree, 1)
+    started = time.monotonic()
+    stages.train_seed(settings(tree), "tiny", 1, out, log)
+    assert time.monotonic() - started < 45
+    assert "tiny: SIGUSR1, saving" in (out.parent / "attempt_1" / "run.log").read_text()
+    chain = json.loads((out.parent / "segments.json").read_text())["segments"]
+    assert [s["class"] for s in chain] == ["saved_at_limit", "finished"]
 
 
 @pytest.mark.slow
