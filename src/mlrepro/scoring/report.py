@@ -160,6 +160,7 @@ def render_report(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None = 
     return "".join(parts)
 
 
+# A segment that ended so is the chain at work, not a failure (an attempt's class, or an older record's status).
 _FINE = {"finished", "saved_at_limit", "resume", "success"}
 
 
