@@ -205,12 +205,13 @@ def _seed_status(seed: int, folder: Path,
             return SeedStatus(seed=seed, state=FAILED, job_id=job_id, attempt=attempt,
                               reason=f"{changed.get('reason')}; redo it with: {changed.get('rerun')}")
         if status in _SUCCESS_STATUSES:
+            said = [why for why in ("did not converge" if converged is False else None, _attempts_said(files)) if why]
             return SeedStatus(
                 seed=seed, state=DONE, job_id=job_id,
                 elapsed_seconds=float(minutes) * 60 if isinstance(minutes, (int, float)) else None,
                 nodes=_nodes(job.nodes if job is not None else None), attempt=attempt,
                 converged=converged if isinstance(converged, bool) else None,
-                reason=None if converged is not False else "did not converge",
+                reason="; ".join(said) or None,
             )
         return SeedStatus(seed=seed, state=FAILED, job_id=job_id,
                           reason=f"run ended with status {status!r}", attempt=attempt)
@@ -286,6 +287,14 @@ def configured_seeds(benchmark_dir: Path) -> list[int] | None:
         return list(config.load_benchmark(root, benchmark_dir.name).seeds)
     except config.ConfigError:
         return None  # the workflow reports it; status still shows the folders
+
+
+def _attempts_said(files: SeedPaths) -> str | None:
+    """How a seed's attempts ended, by class (mlrepro.launch.attempt), when it took more than one."""
+    classes = [str((paths.read_json_if_exists(a.record) or {}).get("class") or "?") for a in files.attempts()]
+    if len(classes) < 2:
+        return None
+    return f"{len(classes)} attempts: " + ", ".join(c.replace("_", " ") for c in classes)
 
 
 def format_table(rows: list[SeedStatus], seed_costs: dict | None = None) -> str:

@@ -129,7 +129,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
     set_aside_once = False
     while True:
         if chained:
-            _set_aside_damaged(folder, run_log)
+            _set_aside_damaged(folder)
         before, started, started_at = _step(folder) if chained else 0, time.monotonic(), now()
         # The previous attempt's log must not speak for one that dies before writing its own (every
         # attempt keeps its own log in attempt_K/).
@@ -194,10 +194,10 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
             if reason:
                 why = (failure or {}).get("reason") or record["error"]
                 reason = f"{reason}: {why}" if why else reason
-                record_failure(plan.seed_dir, reason,
-                               **{**{k: v for k, v in (failure or {}).items() if k not in ("reason", "time", "message")},
-                                  "state": (failure or {}).get("state", backend_state), "class": cls, "error_lines": errors, "signature": sig,
-                                  "attempts": budget.history})
+                kept = {k: v for k, v in (failure or {}).items() if k not in ("reason", "time", "message")}
+                record_failure(plan.seed_dir, reason, **{
+                    **kept, "state": kept.get("state", backend_state), "class": cls, "error_lines": errors,
+                    "signature": sig, "attempts": budget.history})
             raise SeedFailed(f"seed {plan.seed}: {reason or (failure or {}).get('message') or 'cancelled'}"
                              + ("\n  " + "\n  ".join(errors[-5:]) if errors else ""), retry=False)
         if failure is not None and chained:
@@ -212,7 +212,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
 _LOAD_ERROR = re.compile(r"load|checkpoint|unpickl|PytorchStreamReader|EOFError|zip archive|corrupt", re.IGNORECASE)
 
 
-def _set_aside_damaged(folder: Path, run_log: Path) -> None:
+def _set_aside_damaged(folder: Path) -> None:
     """Checkpoints whose files are not what was written (mlrepro.formats.checkpoints.problems) are set aside
     before an attempt would resume from them, newest first, each named in the log."""
     while (last := checkpoints.latest(folder)) is not None and (found := checkpoints.problems(last)):

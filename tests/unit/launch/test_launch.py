@@ -197,6 +197,9 @@ def test_a_quiet_attempt_is_stopped_as_hung_and_the_seed_runs_again(tree, monkey
     assert first["class"] == "hung" and first["state"] == "HUNG"
     assert json.loads((out.parent / "attempt_2" / "attempt.json").read_text())["class"] == "finished"
     assert not (out.parent / "failure.json").exists()
+    from mlrepro import status
+    (out.parent / "run.json").write_text(json.dumps({"seed": 1, "minutes": 0.1, "status": "success", "converged": True}))
+    assert "2 attempts: hung, finished" in status.format_table([status.seed_status(1, out.parent)])
 
 
 @pytest.mark.slow
