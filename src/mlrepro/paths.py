@@ -26,11 +26,13 @@ The Snakemake rules get the same paths as wildcard patterns (`SEED_DIR_PATTERN`,
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from mlrepro.util.records import Record
 
 SEED_DIR_PATTERN = "results/{benchmark}/seed_{seed}"
 _SEED_DIR_NAME = re.compile(r"^seed_(\d+)$")
@@ -403,13 +405,15 @@ def _tuple(value) -> tuple[str, ...] | None:
     return tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else None
 
 
-@dataclass(frozen=True)
-class JobRecord:
+@dataclass(frozen=True, kw_only=True)
+class JobRecord(Record):
     """job.json: the launch of a seed's current attempt, one type for both backends.
 
     A local attempt records who waits on it (to stop it after a crash); a Slurm one its job id, the
     sbatch line that ran and, once collected, how it ended. The keys on disk are the fields' names;
-    `to_json` writes the keys of the record's situation only, as the backends always have.
+    `to_json` writes the keys of the record's situation only, as the backends always have. A key it
+    does not hold is None, not ABSENT: its readers test `is None`, and the situation, not the value,
+    says which keys are written.
     """
 
     scheduler: str | None = None  # "local" or "slurm"
@@ -432,30 +436,24 @@ class JobRecord:
     end: str | None = None
     elapsed_s: float | None = None
     nodes: tuple[str, ...] | None = None
-    extra: dict = dataclasses.field(default_factory=dict, repr=False)  # keys this version does not know, kept
 
     _LOCAL = ("scheduler", "host", "controller_pid", "owner_pid", "owner_start", "attempt", "logdir", "submitted",
               "ranks", "walltime_minutes")
     _SLURM = ("scheduler", "job_id", "attempt", "logdir", "exclude", "sbatch", "submitted")
     _COLLECTED = ("collected", "state", "end", "elapsed_s", "nodes")
 
-    def to_json(self) -> dict:
+    def _keys_to_write(self) -> list[str]:
         if self.scheduler == "local":
-            keys = self._LOCAL
-        else:
-            keys = [k for k in self._SLURM if k not in ("exclude", "sbatch") or getattr(self, k) is not None]
-            keys += list(self._COLLECTED) if self.collected is not None else []
-        record = dict(self.extra)
-        for key in keys:
-            value = getattr(self, key)
-            record[key] = str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
-        return record
+            return list(self._LOCAL)
+        keys = [k for k in self._SLURM if k not in ("exclude", "sbatch") or getattr(self, k) is not None]
+        return keys + (list(self._COLLECTED) if self.collected is not None else [])
+
+    def _to_json_value(self, key: str, value: Any) -> Any:
+        return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
 
     @classmethod
-    def from_json(cls, record: dict) -> JobRecord:
+    def _from_json_values(cls, known: dict[str, Any]) -> dict[str, Any]:
         """A job.json of either backend, of this version or an earlier one; missing keys read as None."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in record.items() if k in names}
         if known.get("logdir"):
             known["logdir"] = Path(known["logdir"])
         if known.get("job_id") is not None:
@@ -463,7 +461,7 @@ class JobRecord:
         for key in ("exclude", "sbatch", "nodes"):
             if key in known:
                 known[key] = _tuple(known[key])
-        return cls(**known, extra={k: v for k, v in record.items() if k not in names})
+        return known
 
 
 def read_job(seed_folder: Path, *, strict: bool = False) -> JobRecord | None:

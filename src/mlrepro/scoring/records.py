@@ -16,88 +16,10 @@ band) are methods that give a new record; nothing patches a record's JSON.
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from mlrepro.util.fsutil import atomic_write_json
-
-
-class _Absent:
-    """The value of a field whose key the record's JSON does not hold."""
-
-    _one: ClassVar[_Absent | None] = None
-
-    def __new__(cls) -> _Absent:
-        if cls._one is None:
-            cls._one = super().__new__(cls)
-        return cls._one
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-    def __reduce__(self) -> str:
-        return "ABSENT"  # pickled (score_tree's worker processes) as the one instance
-
-
-ABSENT: Any = _Absent()
-
-R = TypeVar("R", bound="_Record")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Record:
-    """What the three records share: the JSON they are read from and written as."""
-
-    # Keys this version does not know, written back as they were read.
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    # Fields that are not keys of the JSON.
-    _NOT_KEYS: ClassVar[frozenset[str]] = frozenset({"extra"})
-
-    @classmethod
-    def _keys(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls) if f.name not in cls._NOT_KEYS]
-
-    @classmethod
-    def _fields_of(cls, data: dict) -> dict[str, Any]:
-        """The known keys of `data` as constructor arguments, the others under `extra`."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{cls.__name__}: not a JSON object but {type(data).__name__}")
-        known = set(cls._keys())
-        return {**{k: v for k, v in data.items() if k in known},
-                "extra": {k: v for k, v in data.items() if k not in known}}
-
-    @classmethod
-    def from_json(cls: type[R], data: dict) -> R:
-        return cls(**cls._fields_of(data))
-
-    @classmethod
-    def read(cls: type[R], path: str | Path) -> R:
-        return cls.from_json(json.loads(Path(path).read_text()))
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as JSON holds it: every key it holds, the unknown ones included."""
-        out = dict(self.extra)
-        for key in self._keys():
-            value = getattr(self, key)
-            if value is not ABSENT:
-                out[key] = value
-        return out
-
-    def write(self, path: str | Path) -> None:
-        atomic_write_json(path, self.to_json())
-
-    def as_written(self) -> dict[str, Any]:
-        """The JSON a reader of the written file gets (keys sorted, paths as text, tuples as lists), for
-        pages that show the record as it was written, in the order it was written."""
-        return json.loads(json.dumps(self.to_json(), sort_keys=True, default=str, allow_nan=False))
-
-    def replace(self: R, **changes: Any) -> R:
-        return dataclasses.replace(self, **changes)
+# ABSENT is imported from here by the scoring modules; the sentinel and the base are util's.
+from mlrepro.util.records import ABSENT, Record
 
 
 # ---------------------------------------------------------------- run.json
@@ -111,7 +33,7 @@ STOPPED = "stopped"  # no run: the early stop settled the reproduction before th
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RunRecord(_Record):
+class RunRecord(Record):
     """A seed's (or a log's) run record: run.json, and each entry of score.json's `runs`."""
 
     scorer: str  # MLLOG, OFFICIAL, MEGATRON or STOPPED; not a key: the keys a record holds say it
@@ -188,7 +110,7 @@ class RunRecord(_Record):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ScoreRecord(_Record):
+class ScoreRecord(Record):
     """A benchmark's runs scored together: score.json, `mlrepro score --json`, a reference's score."""
 
     benchmark: str = ABSENT
@@ -215,24 +137,20 @@ class ScoreRecord(_Record):
     changed_after_finish: list[dict[str, Any]] = ABSENT
 
     @classmethod
-    def from_json(cls, data: dict) -> ScoreRecord:
-        fields = cls._fields_of(data)
-        if isinstance(fields.get("runs"), list):
-            fields["runs"] = [RunRecord.from_json(r) for r in fields["runs"]]
-        return cls(**fields)
+    def _from_json_values(cls, known: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(known.get("runs"), list):
+            known["runs"] = [RunRecord.from_json(r) for r in known["runs"]]
+        return known
 
-    def to_json(self) -> dict[str, Any]:
-        out = super().to_json()
-        if self.runs is not ABSENT:
-            out["runs"] = [r.to_json() for r in self.runs]
-        return out
+    def _to_json_value(self, key: str, value: Any) -> Any:
+        return [r.to_json() for r in value] if key == "runs" else value
 
 
 # ---------------------------------------------------------------- verdict.json
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VerdictRecord(_Record):
+class VerdictRecord(Record):
     """A benchmark's score against its reference (mlrepro.scoring.verdict): verdict.json."""
 
     benchmark: str = ABSENT
