@@ -675,3 +675,31 @@ def test_a_cleanup_that_removes_outside_its_folder(tree, cleanup):
     (tree / BENCH).write_text(yaml.safe_dump(data))
     msg = load_error(tree)
     assert "mini_lora.yaml" in msg and "checkpoint.sources[0].cleanup" in msg
+
+
+# Issue 37, item 5: a source that is not a regular file. The guard is a signal, so that a
+# regression fails this test instead of hanging the run in open().
+@pytest.mark.timeout(20, method="signal")
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_extract_refuses_a_source_that_is_not_a_regular_file(tmp_path, kind):
+    src = tmp_path / "shard.jsonl.zst"
+    os.mkfifo(src) if kind == "fifo" else src.mkdir()
+    (tmp_path / "out").mkdir()
+    with pytest.raises(extract.ExtractError, match=re.escape(str(src)) + ".*not a regular file"):
+        extract.extract_one(src, tmp_path / "out", delete_compressed=True)
+    assert not (tmp_path / "out" / "shard.jsonl").exists()
+    assert src.exists()
+
+
+@pytest.mark.timeout(20, method="signal")
+@pytest.mark.parametrize("kind, word", [("fifo", "a FIFO"), ("folder", "a folder")])
+def test_preprocess_names_an_input_that_is_not_a_regular_file(tmp_path, kind, word):
+    from mlrepro.corpus import preprocess
+
+    src = tmp_path / "input.jsonl"
+    os.mkfifo(src) if kind == "fifo" else src.mkdir()
+    opts = preprocess.Options(input=src, output_prefix=str(tmp_path / "out"), tokenizer_type="GPT2BPETokenizer")
+    with pytest.raises(preprocess.InputError) as err:
+        preprocess.preprocess(opts)
+    msg = str(err.value)
+    assert str(src) in msg and word in msg and "not a regular file" in msg and "no such file" not in msg

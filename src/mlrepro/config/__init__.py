@@ -80,6 +80,11 @@ def _check_scripts(data: dict, impl_dir: Path | None, rel: Path) -> None:
                 if why:
                     raise ConfigError(f"{rel}: {stage}.sources[{i}].script: {why} (the implementation's folder); "
                                       f"a download script is the implementation's own")
+                # Else the dry run passes and the stage's job fails once it is scheduled. A git
+                # implementation's scripts are known only once it is fetched.
+                if impl_dir is not None and not (impl_dir / script).is_file():
+                    raise ConfigError(f"{rel}: {stage}.sources[{i}].script: '{script}' does not exist in {impl_dir} "
+                                      f"(or is not a file)")
             # The cleanup removes files of the stage's own folder, never one beside it.
             cleanup = source.get("cleanup") or {} if isinstance(source, dict) else {}
             named = [("remove", n) for n in cleanup.get("remove", [])]
@@ -316,6 +321,17 @@ def load_system(root: Path, name: str) -> System:
     )
 
 
+def _check_benchmark_keys(root: Path, system: System) -> None:
+    """The system's per-benchmark keys name benchmarks that exist: a misspelt one is otherwise never
+    looked up, and the benchmark runs with the config or image it picks by itself."""
+    known = benchmark_names(root)
+    for key in ("implementation_configs", "container_images"):
+        for name in getattr(system, key):
+            if name not in known:
+                raise ConfigError(f"config/systems/{system.name}.yaml: {key}.{name}: no benchmark '{name}' "
+                                  f"(no config/benchmarks/{name}.yaml; known benchmarks: {', '.join(known)})")
+
+
 def load_corpus(root: Path, name: str) -> dict:
     """config/corpora/<name>.yaml, validated, defaults filled (see mlrepro.corpus)."""
     return _load_named(root, "corpora", "corpus", name)[0]
@@ -370,6 +386,7 @@ def load(config: dict, root: str | Path) -> Settings:
     overrides = {k: data[k] for k in ("partition", "account") if data.get(k)}
     if overrides:
         system = System(**{**system.__dict__, **overrides})
+    _check_benchmark_keys(root, system)
     benchmarks = {name: load_benchmark(root, name) for name in data["benchmarks"]}
     listed = dict.fromkeys([*data["corpora"], *(b.corpus for b in benchmarks.values() if b.corpus)])
     corpora = {name: load_corpus(root, name) for name in dict.fromkeys([*listed, *_corpora_of_benchmark_files(root)])}

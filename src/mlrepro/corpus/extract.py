@@ -9,6 +9,8 @@ they are. An output that is already there is complete (it was renamed into place
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,11 +38,30 @@ def decompress(src: Path, dest: Path) -> int:
     `dest` appears only once the last frame has ended: a shard cut short inside any frame, or with
     bytes after its last frame that are not one, raises ExtractError naming `src` and leaves no `dest`."""
     written = 0
-    with open(src, "rb") as fin, atomic_path(dest) as tmp, open(tmp, "wb") as fout:
+    with _open_regular(src) as fin, atomic_path(dest) as tmp, open(tmp, "wb") as fout:
         for chunk in frames(fin, str(src)):
             fout.write(chunk)
             written += len(chunk)
     return written
+
+
+def _open_regular(src: Path):
+    """`src` for reading, if it is a regular file: a plain open() of a FIFO waits for a writer that may
+    never come, and a folder would fail with a bare IsADirectoryError."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ExtractError(f"{src}: cannot open: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+            raise ExtractError(f"{src}: {what}, not a regular file (a shard is a .zst file)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def frames(fh, name: str):

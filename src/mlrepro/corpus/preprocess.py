@@ -22,6 +22,7 @@ import multiprocessing
 import multiprocessing.pool
 import os
 import sys
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,11 +256,24 @@ def _line_number_error(path: Path, lines_before: int, index: int, message: str) 
     return InputError(f"{path}:{lines_before + index + 1}: {message}")
 
 
+def _check_regular(path: Path) -> None:
+    """Refuse an input that is not a regular file, by its stat and without opening it: the reader would
+    wait forever on a FIFO, and "no such file" misleads about one that exists."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputError(f"--input {path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"--input {path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        what = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+        raise InputError(f"--input {path}: {what}, not a regular file (give a JSONL file)")
+
+
 def preprocess(options: Options, progress_stream=None) -> Result:
     """Write {prefix}_{key}_document.{bin,idx} for every key; return what was done."""
     path = Path(options.input)
-    if not path.is_file():
-        raise InputError(f"--input {path}: no such file")
+    _check_regular(path)
     encoder = _load_encoder(options)
     dtype = indexed.optimal_dtype(encoder.vocab_size)
     log.info("%s: %s tokenizer (vocab %d, %s), %d worker(s)", path, options.tokenizer_type, encoder.vocab_size,

@@ -114,3 +114,75 @@ def test_config_yaml_mistakes_stop_snakemake_before_any_job(tmp_path, text, word
         assert word in out, out[-3000:]
     assert "Traceback" not in out
     assert not (ws / "results").exists()
+
+
+# Issue 37, item 4: config that the dry run accepted and that failed (or misled) only later.
+
+def test_an_empty_target_metric_is_refused(tree):
+    bench = tree / BENCH
+    bench.write_text(bench.read_text().replace("  metric: eval_accuracy", "  metric: ''"))
+    msg = error_of(tree)
+    assert "config/benchmarks/mini_lora.yaml" in msg and "target.metric" in msg
+
+
+@pytest.mark.parametrize("stage", ["dataset", "checkpoint"])
+def test_a_download_script_that_does_not_exist_is_refused(tree, stage):
+    data = yaml.safe_load((tree / BENCH).read_text())
+    data[stage]["sources"][0]["script"] = "scripts/no_such_script.py"
+    (tree / BENCH).write_text(yaml.safe_dump(data))
+    msg = error_of(tree)
+    assert f"config/benchmarks/mini_lora.yaml: {stage}.sources[0].script" in msg and "no_such_script.py" in msg
+    assert "does not exist" in msg
+
+
+def test_a_download_script_that_is_a_folder_is_refused(tree):
+    data = yaml.safe_load((tree / BENCH).read_text())
+    data["dataset"]["sources"][0]["script"] = "scripts"
+    (tree / BENCH).write_text(yaml.safe_dump(data))
+    assert "dataset.sources[0].script" in error_of(tree)
+
+
+@pytest.mark.parametrize("key", ["implementation_configs", "container_images"])
+def test_a_system_naming_a_benchmark_that_does_not_exist(tree, key):
+    value = "config_CPU_1x2x8xtp1pp1cp1.sh" if key == "implementation_configs" else "example.org/x:1"
+    edit(tree / "config" / "systems" / "local.yaml", **{key: {"mini_lroa": value}})
+    msg = error_of(tree)
+    assert f"config/systems/local.yaml: {key}.mini_lroa" in msg and "mini_lora" in msg
+
+
+def _image_without_runtime(ws):
+    with (ws / "config" / "systems" / "local.yaml").open("a") as fh:
+        fh.write("container_images:\n  mini_lora: example.org/x:1\n")
+
+
+def _a_system_it_cannot_run_on(ws):
+    with (ws / BENCH).open("a") as fh:
+        fh.write("requires: {scheduler: [slurm]}\n")
+
+
+def _a_config_the_implementation_lacks(ws):
+    path = ws / "config" / "systems" / "local.yaml"
+    path.write_text(path.read_text().replace("config_CPU_1x2x8xtp1pp1cp1.sh", "config_NOPE_1x2.sh"))
+
+
+# Not fixed yet: Snakemake gives a Snakefile no targets at parse time (workflow.dag_settings is None),
+# so common.smk cannot check there only the benchmarks a run asks for; checking the listed ones breaks
+# a file target of another benchmark on a system the listed one does not fit (test_targets.py).
+@pytest.mark.xfail(strict=True, reason="issue 37 item 4: input-function config errors still wrapped")
+@pytest.mark.slow
+@pytest.mark.parametrize("corrupt, words", [
+    (_image_without_runtime, ["mini_lora names the image", "container_runtime"]),
+    (_a_system_it_cannot_run_on, ["mini_lora cannot run on system 'local'", "scheduler"]),
+    (_a_config_the_implementation_lacks, ["config_NOPE_1x2.sh"]),
+])
+def test_a_benchmark_the_system_cannot_run_stops_the_dry_run_with_one_message(tmp_path, corrupt, words):
+    """Found by the input functions, these came wrapped in InputFunctionException with common.smk's frames."""
+    ws = make_workspace(tmp_path / "ws")
+    corrupt(ws)
+    proc = run_snakemake(ws, "--profile", "profiles/local", "-n", check=False, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    for word in words:
+        assert word in out, out[-3000:]
+    assert "InputFunctionException" not in out and "Traceback" not in out and "src/mlrepro" not in out, out[-3000:]
+    assert not (ws / "results").exists()
