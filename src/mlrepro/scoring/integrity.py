@@ -91,6 +91,22 @@ def evaluations_in_time(window: Sequence, metric: str, start, stop) -> tuple[lis
     return kept, problems
 
 
+def loss_problems(records: Iterable, metric: str) -> list[str]:
+    """Why evaluations of `metric`, a loss (its target is a value to get below), cannot be believed:
+    a value below zero or not finite. No loss is negative (cross-entropy, perplexity's log, an error
+    rate), and one that is would meet any target below; the Megatron-LM path refuses the same
+    (validation_problems). Empty when every value can be a loss."""
+    why = []
+    for rec in records:
+        if rec.key != metric or isinstance(rec.value, bool) or not isinstance(rec.value, (int, float)):
+            continue
+        value = finite(rec.value)
+        if value is None or value < 0:
+            why.append(f"{metric} {json.dumps(rec.value)} at line {rec.lineno} is not a loss (negative or not "
+                       f"finite): the log is corrupt; not scored ({STRICTER})")
+    return why
+
+
 MIN_FINGERPRINT_EVALS = 3
 
 
@@ -130,6 +146,8 @@ def mark_duplicates(runs: list[dict], exclude: bool = True) -> None:
         if why:
             run["duplicate"] = True
             run["counted"] = run.get("counted", False) and not exclude
+            if exclude:  # a copy that is not scored did not converge either: no reader need parse the reason
+                run["converged"] = False
             run.setdefault("reasons", []).append(why)
             continue
         if sha:

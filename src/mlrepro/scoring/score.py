@@ -60,12 +60,21 @@ def _lines(records: Sequence[Record]) -> str:
     return ", ".join(str(r.lineno) for r in records[:5]) + (", ..." if len(records) > 5 else "")
 
 
+# Benchmarks whose published logs hold a seed of each rank, a different value on each (Quanta's ssd
+# logs seed + rank, its stable_diffusion one drawn per rank): there several seeds are one run. The
+# other implementations log the seed once (rank 0), so a second value there is a second run. Two
+# ranks' seeds and two runs' seeds read alike, so for these benchmarks a second seed alone proves
+# nothing: a repeated run_start or evaluations going back still do.
+SEED_PER_RANK = frozenset({"ssd", "stable_diffusion"})
+
+
 def _mixed_runs(log: ParsedLog, window: Sequence[Record], metric: str, seeds: bool = True) -> list[str]:
     """Why the log holds more than one run (empty when it holds one).
 
     Two runs in one log happen when an earlier attempt's ranks outlive it and keep
     writing: run_start/run_stop repeat, or, when the old run has not reached its end,
     its evaluations interleave with the new run's and their sample counts go back.
+    With `seeds` False, different seeds do not count (SEED_PER_RANK).
     """
     why = []
     starts, stops = log.all("run_start"), log.all("run_stop")
@@ -123,6 +132,20 @@ def _evaluation_lines(log: ParsedLog, start: Any, stop: Any, window: list) -> li
     return log.records if start is not None and stop is not None else window
 
 
+def _refusals(log: ParsedLog, window: Sequence[Record], evaluated: Sequence[Record], rules: Rules,
+               benchmark: str | None, seeds: bool = True) -> list[str]:
+    """Why the run is not scored whatever the official tools say: a log of another benchmark, more
+    than one run in the log, a loss no model has. Such a run is neither counted nor converged."""
+    why = []
+    expected = {rules.benchmark, rules.mlperf_benchmark} - {None}
+    if benchmark is not None and benchmark not in expected:
+        why.append(f"log is for benchmark {benchmark}, not {rules.mlperf_benchmark or rules.benchmark}; not scored")
+    why += _mixed_runs(log, window, rules.target_metric, seeds=seeds)
+    if rules.target_direction == "<=" and rules.target_value is not None:
+        why += integrity.loss_problems(evaluated, rules.target_metric)
+    return why
+
+
 def _evaluations(window: list, metric: str) -> tuple[list[list[float]], float | None]:
     """[samples, value] of each evaluation of `metric` in the window, and the last sample count
     logged with one (samples-to-converge, as rcp_checker reads it)."""
@@ -171,21 +194,18 @@ def run_record(log_path: str | os.PathLike, rules: Rules, *, run_compliance: boo
 
     logged_bench = log.value("submission_benchmark")
     benchmark = logged_bench if isinstance(logged_bench, str) else None
-    expected = {rules.benchmark, rules.mlperf_benchmark} - {None}
-    if benchmark is not None and benchmark not in expected:
-        reasons.append(f"log is for benchmark {benchmark}, not {rules.mlperf_benchmark or rules.benchmark}")
 
     start, stop, window, minutes = _timed_window(log, reasons)
-    mixed = _mixed_runs(log, window, rules.target_metric)
-    if mixed:
-        reasons.extend(mixed)
+    timed, late = integrity.evaluations_in_time(_evaluation_lines(log, start, stop, window), rules.target_metric,
+                                                start, stop)
+    refused = _refusals(log, window, timed, rules, benchmark)
+    if refused:
+        reasons.extend(refused)
         minutes = None
     status = _status(stop)
     if stop is not None and status != "success":
         reasons.append(f"run_stop status is {status or 'missing'}, not success")
 
-    timed, late = integrity.evaluations_in_time(_evaluation_lines(log, start, stop, window), rules.target_metric,
-                                                start, stop)
     evals, last_samples = _evaluations(timed, rules.target_metric)
     target_reached = any(rules.target_met(v) for _, v in evals)
     if not evals:
@@ -207,7 +227,7 @@ def run_record(log_path: str | os.PathLike, rules: Rules, *, run_compliance: boo
     return RunRecord(
         scorer=MLLOG, file=str(path), seed=seed if seed is not None else _logged_seed(log), benchmark=benchmark,
         minutes=minutes, status=status, evals=evals, target_reached=target_reached,
-        converged=status == "success" and target_reached,
+        converged=status == "success" and target_reached and not refused,
         samples_to_converge=last_samples if status == "success" else None,
         global_batch_size=_number(gbs.value) if gbs is not None else None,
         compliance=verdict.to_dict(), counted=not reasons, reasons=reasons, problems=list(log.problems) + late,
@@ -220,30 +240,29 @@ def run_record(log_path: str | os.PathLike, rules: Rules, *, run_compliance: boo
 def _official_run(path: Path, rules: Rules, seed: int | None) -> RunRecord:
     """run_record for an MLPerf benchmark: whether and how long the run counts is result_summarizer's
     verdict on the log (scoring.engine); the record around it is read from the same lines. What the
-    official tools do not check (a second run in the log) is flagged: the score stays MLCommons',
-    the result is not valid. A run time they would average and we refuse (run_stop not after
-    run_start) is the one case not counted here that they count."""
+    official tools do not check is flagged, and the result is not valid. A log that is not one run
+    of this benchmark (_refusals) or whose run time we refuse (run_stop not after run_start) is not
+    counted here though they count it: the score then differs from MLCommons' on a result that is
+    not valid either way, and no record says "not scored" of a run it counts."""
     with official.official_tools():
         read = engine.read_run(path, usage=rules.usage, ruleset=rules.ruleset)
     converged, epochs = engine.submission_epochs(read["lines"], rules.ruleset)
     log = parse_text("".join(ln + "\n" for ln in read["lines"]), source=str(path))
     logged_bench = log.value("submission_benchmark")
     benchmark = logged_bench if isinstance(logged_bench, str) else None
-    flags = [f"log is for benchmark {benchmark}, not {rules.mlperf_benchmark}"] if benchmark not in (
-        None, rules.mlperf_benchmark) else []
     timing: list[str] = []
     start, stop, window, _ = _timed_window(log, timing)
-    # A seed per rank is one run (ssd logs one on every rank).
-    flags += _mixed_runs(log, window, rules.target_metric, seeds=False)
     status = _status(stop)
     timed, late = integrity.evaluations_in_time(_evaluation_lines(log, start, stop, window), rules.target_metric,
                                                 start, stop)
+    refused = _refusals(log, window, timed, rules, benchmark, seeds=rules.mlperf_benchmark not in SEED_PER_RANK)
+    flags = list(refused)
     evals, _ = _evaluations(timed, rules.target_metric)
     # The compliance checker holds runs to the target (its ATLEAST_ONE_CHECK), two-part ones too.
     target_reached = (any(rules.target_met(v) for _, v in evals) if rules.target_value is not None
                       else bool(read["compliance"]["pass"]))
-    run_converged = status == "success" and target_reached
-    if read["counted"] and not run_converged:
+    run_converged = status == "success" and target_reached and not refused
+    if read["counted"] and not refused and not run_converged:
         why = (f"run_stop status is {status or 'missing'}" if status != "success" else
                f"no {rules.target_metric} evaluation stamped within the run meets the target")
         flags.append(f"the official tools count this run, but it did not converge: {why} ({integrity.STRICTER})")
@@ -253,7 +272,7 @@ def _official_run(path: Path, rules: Rules, seed: int | None) -> RunRecord:
         minutes=read["minutes"], time_ms=read["time_ms"], status=status, evals=evals, target_reached=target_reached,
         converged=run_converged, samples_to_converge=epochs if converged else None,
         global_batch_size=_number(gbs.value) if gbs is not None else None, compliance=read["compliance"],
-        counted=read["counted"] and not timing, flags=flags, reasons=timing + read["reasons"] + flags,
+        counted=read["counted"] and not timing and not refused, flags=flags, reasons=timing + read["reasons"] + flags,
         problems=read["problems"] + list(log.problems) + late,
         mllog_sha256=hashlib.sha256(log.to_bytes()).hexdigest() if log.records else None,
         fingerprint=integrity.fingerprint(timed, start, stop))
@@ -352,7 +371,7 @@ def score_records(records: Sequence[RunRecord], rules: Rules) -> ScoreRecord:
     for run in runs:
         why = integrity.untrusted_time(run)
         if why:
-            run["counted"], run["minutes"] = False, None
+            run["counted"], run["converged"], run["minutes"] = False, False, None
             run["reasons"].append(why)
     integrity.mark_duplicates(runs, exclude=not official_runs)
     distinct = [r for r in runs if not r["duplicate"]]
