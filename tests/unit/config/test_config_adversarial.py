@@ -168,7 +168,7 @@ def _a_config_the_implementation_lacks(ws):
 # Not fixed yet: Snakemake gives a Snakefile no targets at parse time (workflow.dag_settings is None),
 # so common.smk cannot check there only the benchmarks a run asks for; checking the listed ones breaks
 # a file target of another benchmark on a system the listed one does not fit (test_targets.py).
-@pytest.mark.xfail(strict=True, reason="issue 37 item 4: input-function config errors still wrapped")
+@pytest.mark.xfail(strict=True, reason="a config error found by an input function still arrives wrapped in InputFunctionException")
 @pytest.mark.slow
 @pytest.mark.parametrize("corrupt, words", [
     (_image_without_runtime, ["mini_lora names the image", "container_runtime"]),
