@@ -60,6 +60,8 @@ def add_gated_benchmark(ws: Path) -> None:
         shutil.copy2(ws / "implementations" / "mini_lora" / name, impl / name)
     (impl / "scripts").mkdir()
     (impl / "scripts" / "download_model.py").write_text("raise SystemExit('runs in the container only')\n")
+    # The dataset's script must exist for the benchmark to load (mlrepro.config); this test never runs it.
+    (impl / "scripts" / "download_dataset.py").write_text("raise SystemExit('not run by this test')\n")
     (impl / "Dockerfile").write_text("FROM scratch\nCOPY . /workspace/ft-llm\nWORKDIR /workspace/ft-llm\n")
     bench = yaml.safe_load((ws / "config" / "benchmarks" / "mini_lora.yaml").read_text())
     bench.update(name=BENCH, implementation={"path": f"implementations/{BENCH}"})
