@@ -9,14 +9,12 @@ they are. An output that is already there is complete (it was renamed into place
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import zstandard
 
-from mlrepro.util.fsutil import atomic_path
+from mlrepro.util.fsutil import NotRegularFile, atomic_path, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +44,13 @@ def decompress(src: Path, dest: Path) -> int:
 
 
 def _open_regular(src: Path):
-    """`src` for reading, if it is a regular file: a plain open() of a FIFO waits for a writer that may
-    never come, and a folder would fail with a bare IsADirectoryError."""
+    """`src` for reading, if it is a regular file: a FIFO would block the open, a folder fail obscurely."""
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK)
+        return open_regular(src)
+    except NotRegularFile as exc:
+        raise ExtractError(f"{src}: {exc.what}, not a regular file (a shard is a .zst file)") from None
     except OSError as exc:
         raise ExtractError(f"{src}: cannot open: {exc.strerror or exc}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
-            raise ExtractError(f"{src}: {what}, not a regular file (a shard is a .zst file)")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def frames(fh, name: str):

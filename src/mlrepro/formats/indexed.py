@@ -10,11 +10,12 @@ document adds no sequence and repeats the last document index, as Megatron's too
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from pathlib import Path
 
 import numpy as np
+
+from mlrepro.util.fsutil import NotRegularFile, open_regular
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -195,17 +196,11 @@ def _check_arrays(idx_path: Path, lengths: np.ndarray, pointers: np.ndarray, doc
 
 def _open_regular(path: Path):
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return open_regular(path)
+    except NotRegularFile:
+        raise IndexedFormatError(f"{path}: not a regular file") from None
     except OSError as exc:
         raise IndexedFormatError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise IndexedFormatError(f"{path}: not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _read_regular(path: Path) -> bytes:

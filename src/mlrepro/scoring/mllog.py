@@ -13,12 +13,11 @@ import json
 import math
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlrepro.util.fsutil import atomic_write_bytes
+from mlrepro.util.fsutil import NotRegularFile, atomic_write_bytes, open_regular
 
 TOKEN = ":::MLLOG"
 # The official parser (mlperf_logging.compliance_checker.mlp_parser) reads files
@@ -220,27 +219,6 @@ def parse_text(text: str, source: str = "<text>") -> ParsedLog:
 def _short_list(items: list[int], n: int = 8) -> str:
     s = ", ".join(str(i) for i in items[:n])
     return s + (f", ... ({len(items)} in all)" if len(items) > n else "")
-
-
-class NotRegularFile(OSError):
-    """A path names a FIFO, socket or device: reading it could block forever."""
-
-
-def open_regular(path: str | os.PathLike):
-    """Open `path` for binary reading if it is a regular file (following links).
-
-    The open does not block on a FIFO (O_NONBLOCK); anything but a regular file
-    raises NotRegularFile.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFile(f"{path} is not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def parse_log(path: str | os.PathLike) -> ParsedLog:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -162,3 +163,29 @@ def private_umask() -> None:
     """Files and folders the workflow creates from now on are the user's alone: job records,
     logs and submitit's pickles hold run parameters."""
     os.umask(PRIVATE_UMASK)
+
+
+class NotRegularFile(OSError):
+    """A path names a folder, FIFO, socket or device: reading it could block forever or fail obscurely.
+    `what` says which, in words ("a folder", "a FIFO", "a special file")."""
+
+    def __init__(self, path: str | os.PathLike, what: str):
+        super().__init__(f"{path} is not a regular file")
+        self.what = what
+
+
+def open_regular(path: str | os.PathLike):
+    """Open `path` for binary reading if it is a regular file (following links). The open does not block
+    on a FIFO (O_NONBLOCK: a plain open() waits for a writer that may never come); anything but a
+    regular file raises NotRegularFile, a failed open the OSError of os.open."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                                 else "a special file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
