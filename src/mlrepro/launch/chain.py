@@ -151,6 +151,10 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
         cls = attempt.classify(attempt.Ended(
             backend_state, text, finished=finished(text), saved_at_limit=said.get("status") == "resume",
             node_side=node_health.node_side(backend_state, text), exit_code=(failure or {}).get("exit_code")))
+        if failure is not None and cls == attempt.FINISHED:
+            # The backend's word that the attempt failed (a node found bad at its end, say) outweighs a
+            # run_stop in its log: retried, as before; only an attempt whose log finish() took is a result.
+            cls = attempt.FAILED_MID_RUN
         if failure is None and finish is not None and (cls == attempt.FINISHED or not chained):
             try:
                 finish()
