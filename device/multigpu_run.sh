@@ -16,6 +16,10 @@
 # PART resume: the chained seed at LAYOUT (default gpt-125m-2xdp, GPUS 0,1) with one segment killed, then the
 #             same seed uninterrupted on the same GPUs: the final validation losses side by side.
 # PART repeat: the same seed uninterrupted at LAYOUT, RUNS (2) times: the run-to-run spread.
+# PART determinism: (x4) the chained GPT-126M seed at DP2 with --deterministic-mode (GPUs 0,1, one segment killed)
+#             next to the same seed uninterrupted twice (GPUs 2,3).
+# PART sweep: (x4) issue 35's layout sweep: GEMM/SDPA shapes (device/gemm_shapes_sweep.py), a preflight, the baseline
+#             stage's Megatron-LM runs of 8-10 layouts each of GPT-1.3B GBS16 and GBS64 and GPT-126M GBS16.
 # PART four:  (x4) GPT-126M at DP4 and the baseline checklist's baseline at TP4 and DP4, on all 4 GPUs.
 # Back in $OUT: PART.tgz (the records: preflight.json, baseline.json and report, score/run json, segments,
 # Megatron's logs) and PART.txt (what ran, with timings). Ends well inside the 10-minute call.
@@ -273,6 +277,63 @@ while time.time() - t < 60:
   )
   wait $CH $R
   kill $KW 2>/dev/null
+fi
+
+if [ "$PART" = determinism ] && [ "$NGPU" -ge 4 ]; then
+  # Issue 32 at DP2 with Megatron-LM's --deterministic-mode: the chained seed (GPUs 0,1; one segment killed mid-way)
+  # next to the same seed uninterrupted twice (GPUs 2,3), so the chain is held to a run-to-run spread of zero.
+  ITERS=${ITERS:-650}; LAYOUT=${LAYOUT:-gpt-125m-2xdp}
+  gpt126m chain "$LAYOUT" "$SYS2" "$ITERS" ", save_interval: 100, deterministic: true"
+  sed -e 's/^name: gpt_126m/name: gpt_126m_chain/' /tmp/lanes/chain/config/benchmarks/gpt_126m.yaml > /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
+  echo "segments: {job_seconds: 100, margin_seconds: 30}" >> /tmp/lanes/chain/config/benchmarks/gpt_126m_chain.yaml
+  sed -i 's/benchmarks: \[gpt_126m\]/benchmarks: [gpt_126m_chain]/' /tmp/lanes/chain/device.yaml
+  (export CUDA_VISIBLE_DEVICES=0,1; smk chain 450 results/gpt_126m_chain/score.json --configfile device.yaml --config system=$SYS2; say "chain done") &
+  CH=$!
+  (cd /tmp/lanes/chain && timeout 440 python3 "$T/device/multigpu_kill.py" results/gpt_126m_chain/seed_1 2 100 430 > "$REC/kill.json" 2>&1; say "kill: $(cat "$REC/kill.json")") &
+  KW=$!
+  (export CUDA_VISIBLE_DEVICES=2,3
+   for l in ref1 ref2; do
+     gpt126m $l "$LAYOUT" "$SYS2" "$ITERS" ", deterministic: true"
+     smk $l 230 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep $l $seed_files
+     say "$l done"
+   done) &
+  R=$!
+  wait $CH $R
+  kill $KW 2>/dev/null
+  keep chain $seed_files
+  say "segments: $(cd /tmp/lanes/chain && python3 -c "import json; [print(s['index'], s['from_step'], s['to_step'], s.get('class'), s.get('gpu_s'), s.get('lost_steps'), s.get('lost_s'), s.get('val_loss')) for s in json.load(open('results/gpt_126m_chain/seed_1/segments.json'))['segments']]" 2>&1 | tr '\n' ';')"
+  for l in chain ref1 ref2; do say "$l: $(grep -h 'validation loss at iteration' /tmp/lanes/$l/results/gpt_126m*/seed_1/mllog.txt 2>/dev/null | tail -2 | tr '\n' ' ')"; done
+  say "lm loss at 600: $(for l in chain ref1 ref2; do grep -h ' iteration  *600/' /tmp/lanes/$l/results/gpt_126m*/seed_1/mllog.txt 2>/dev/null | grep -o 'lm loss: [0-9.E+-]*' | head -1; done | tr '\n' ' ')"
+fi
+
+if [ "$PART" = sweep ] && [ "$NGPU" -ge 4 ]; then
+  # Issue 35's measurements, two lanes of 2 GPUs: the GEMM/SDPA shapes of GPT-126M and GPT-1.3B layers (GPU0),
+  # a preflight (collectives), and the baseline stage's Megatron-LM runs of the layouts below (ITERS each).
+  ITERS=${ITERS:-10}
+  bl() {  # lane, benchmark, GBS, layouts (YAML list), seconds
+    lane "$1"
+    preflight_yaml "$1" "{runs: [], megatron: {benchmark: $2, precisions: [bf16], mbs: 4, gbs: $3, iterations: $ITERS, attention: sdpa, timeout_s: 120, layouts: $4}}"
+    printf 'benchmarks: [gpt_126m]\npretrain: {megatron: %s}\n' "$C/megatron.tar.gz" > "/tmp/lanes/$1/device.yaml"
+    smk "$1" "$5" "results/baseline/$SYS2/baseline.json" --configfile device.yaml --config system=$SYS2
+    keep "$1" "results/baseline/$SYS2" "results/preflight/$SYS2/preflight.json" logs/baseline
+    say "$1 ($2 GBS $3): $(grep -h '^| megatron' /tmp/lanes/$1/results/baseline/$SYS2/baseline_report.md 2>/dev/null | awk -F'|' '{print $3, "mbs", $7, $9, "s"}' | tr '\n' ';')"
+  }
+  L13_16="[{tp: 1, mbs: 1}, {tp: 1, mbs: 2}, {tp: 1, mbs: 4}, {tp: 1, mbs: 8}, {tp: 2, mbs: 4}, {pp: 2, mbs: 1}, {pp: 2, vpp: 2, mbs: 2}, {pp: 2, vpp: 4, mbs: 1}]"
+  L13_64="[{tp: 1, mbs: 2}, {tp: 1, mbs: 4}, {tp: 1, mbs: 8}, {tp: 2, mbs: 8}, {pp: 2, mbs: 4}, {pp: 2, vpp: 2, mbs: 4}, {pp: 2, vpp: 4, mbs: 1}]"
+  L126A="[{tp: 1, mbs: 1}, {tp: 1, mbs: 2}, {tp: 1, mbs: 4}, {tp: 1, mbs: 8}]"
+  L126B="[{tp: 2, mbs: 8}, {pp: 2, mbs: 2}, {pp: 2, vpp: 2, mbs: 2}]"
+  (export CUDA_VISIBLE_DEVICES=0,1
+   CUDA_VISIBLE_DEVICES=0 timeout 90 python3 "$T/device/gemm_shapes_sweep.py" "$REC/gemm_sweep.json" > "$REC/gemm_sweep.txt" 2>&1
+   say "gemm sweep: $(tail -1 "$REC/gemm_sweep.txt")"
+   bl b13_16 gpt_1p3b 16 "$L13_16" 360
+   bl b126a gpt_126m 16 "$L126A" 200) &
+  A=$!
+  (export CUDA_VISIBLE_DEVICES=2,3
+   bl b13_64 gpt_1p3b 64 "$L13_64" 400
+   bl b126b gpt_126m 16 "$L126B" 200) &
+  B=$!
+  wait $A $B
+  say "planner now: $(cd /tmp/lanes/b13_16 && timeout 60 python3 -m mlrepro plan --model gpt-1.3b --system $SYS2 --gbs 16 --top 6 2>&1 | head -12)"
 fi
 
 tar czf "$OUT/$PART.tgz" -C /tmp/rec "$PART"

@@ -75,7 +75,8 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
         walltime = chain.walltime_minutes(limits, walltime)
     description = ""
     if prepared:
-        run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"), **save)
+        run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"),
+                                     deterministic=bool(overrides.get("deterministic")), **save)
         if slurm:
             env |= {"MEGATRON_ARGS_FILE": str(files.megatron_args), "DATADIR": str(corpus_dir.resolve()),
                     "CONT": str(overrides.get("image") or "${CONT}")}

@@ -50,6 +50,9 @@ class Run:
     local_impl: bool = True
     sdpa: bool = False
     precision: str = "bf16"  # bf16 | fp16 (loss-scaled) | fp8 (Transformer Engine's hybrid E4M3/E5M2 over bf16)
+    # Megatron-LM's --deterministic-mode: torch's deterministic algorithms, NCCL_ALGO=Ring and a fixed cuBLAS
+    # workspace (megatron/training/determinism.py), so a resumed chain can be compared bit for bit.
+    deterministic: bool = False
     extra: tuple = ()
 
 
@@ -108,6 +111,8 @@ def pretrain_args(run: Run) -> list[str]:
         args = [a for a in args if a != "--sequence-parallel"] + LOCAL_IMPL
     if run.sdpa:
         args += SDPA_SPEC
+    if run.deterministic:
+        args.append("--deterministic-mode")
     return args + list(run.extra)
 
 

@@ -150,7 +150,8 @@ def data_mount(corpus_dir: Path, scheduler: str) -> str:
 
 
 def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention: str | None = None, *,
-             prepared: bool = True, save: str = "", save_interval: int = 0) -> megatron_launch.Run:
+             prepared: bool = True, save: str = "", save_interval: int = 0,
+             deterministic: bool = False) -> megatron_launch.Run:
     """Seed `seed`'s Megatron-LM run of the planned benchmark. The one builder: the seed runs it
     (mlrepro.kinds.megatron.plan_seed) and the dry run and the plan command show it (launch_line), so what
     a plan shows is what the seed runs.
@@ -159,7 +160,8 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
     only the vocabulary size (NullTokenizer). A dry run comes before the corpus stages: with
     prepared=False, what they have not written yet shows as UNPREPARED; a seed (prepared=True)
     refuses to start without it. `save`: the checkpoint folder of a chained seed (--save and --load),
-    written every `save_interval` iterations."""
+    written every `save_interval` iterations. `deterministic`: Megatron-LM's bit-reproducible mode (the
+    workflow's `pretrain: {deterministic: true}`)."""
     missing = unprepared(corpus_dir)
     if missing and prepared:
         raise mlrepro_config.ConfigError(f"{missing[0]} is missing: run the corpus stages")
@@ -169,7 +171,7 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
     return megatron_launch.Run(p.variant.model, p.layout, p.iterations,
                                data_prefix=tuple(prefix or unprepared_prefix(mount)), pretokenized_vocab=vocab,
                                seed=seed, warmup_iters=max(1, p.iterations // 10), sdpa=attention == "sdpa",
-                               save=save, save_interval=save_interval)
+                               save=save, save_interval=save_interval, deterministic=deterministic)
 
 
 def ds_config(p: Planned) -> dict:
@@ -182,13 +184,13 @@ def ds_config(p: Planned) -> dict:
 
 
 def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
-                max_time_margin_min: int = 30) -> str:
+                max_time_margin_min: int = 30, *, deterministic: bool = False) -> str:
     """The exact command that starts seed `seed` of the run, on the corpus in corpus_dir (UNPREPARED
     standing for what the corpus stages have not written yet)."""
     v, lay, per_node = p.variant, p.layout, p.facts.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
     if v.launcher == "megatron":
-        run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False)
+        run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic)
         if scheduler == "slurm":
             return megatron_launch.srun_line(run, MEGATRON_IMAGE, "${DATADIR}:/data:ro,${LOGDIR}:/results:rw",
                                              gpus_per_node=per_node)
@@ -249,7 +251,8 @@ def unprepared_prefix(mount: str) -> list:
     return [1.0, f"{mount}/preprocessed/{UNPREPARED}"]
 
 
-def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None) -> list[str]:
+def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None, *,
+             deterministic: bool = False) -> list[str]:
     """The plan's lines: shape, layout, memory, wall time, then the exact launch line(s) of seed `seed`."""
     v, lay, facts = p.variant, p.layout, p.facts
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
@@ -266,7 +269,7 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
     elif v.launcher == "megatron" and scheduler == "slurm":
         out.append(f"  sbatch -N {nodes} --ntasks-per-node={per_node} --gpus-per-node={per_node} "
                    f"-t {math.ceil(p.hours * 60) + 10} implementations/megatron_gpt/run.sub")
-    out.append("  " + launch_line(p, scheduler, corpus_dir, seed, attention))
+    out.append("  " + launch_line(p, scheduler, corpus_dir, seed, attention, deterministic=deterministic))
     return out
 
 
@@ -333,7 +336,8 @@ def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides:
     p = planned or shaped(chosen(root, bench, system, overrides), overrides)
     scheduler = mlrepro_config.load_system(root, system).scheduler
     lines = describe(p, scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
-                     bench.seeds[0] if seed is None else seed, overrides.get("attention"))
+                     bench.seeds[0] if seed is None else seed, overrides.get("attention"),
+                     deterministic=bool(overrides.get("deterministic")))
     return DryRun(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 
 

@@ -233,3 +233,16 @@ def test_one_machine_gets_torchrun(tree, corpus):
     assert refused == ["gpt-125m-2xdp needs 2 GPUs (TP1 x PP1 x DP2); h100-box has 1",
                        "gpt-125m-4xdp needs 4 GPUs (TP1 x PP1 x DP4); h100-box has 1",
                        "gpt-125m-2xtp needs 2 GPUs (TP2 x PP1 x DP1); h100-box has 1"]
+
+
+def test_deterministic_mode_is_in_the_line_the_seed_runs_and_the_dry_run_shows(corpus):
+    """`pretrain: {deterministic: true}` adds Megatron-LM's --deterministic-mode to the launch line, in the dry run
+    as in the seed's own run (one builder); without it the line is unchanged."""
+    bench = mlrepro_config.load_benchmark(ROOT, "gpt_126m")
+    plain = megatron_plan.dry_run(ROOT, bench, "device-h100", corpus_dir=corpus).describe
+    exact = megatron_plan.dry_run(ROOT, bench, "device-h100", {"deterministic": True}, corpus).describe
+    assert "--deterministic-mode" not in plain
+    assert exact.replace(" --deterministic-mode", "") == plain
+    p = megatron_plan.shaped(megatron_plan.chosen(ROOT, bench, "device-h100", {}), {})
+    run = megatron_plan.seed_run(p, 1, corpus, "local", deterministic=True)
+    assert megatron_launch.pretrain_args(run)[-1] == "--deterministic-mode"
