@@ -279,6 +279,15 @@ while time.time() - t < 60:
   kill $KW 2>/dev/null
 fi
 
+bl() {  # lane, benchmark, GBS, layouts (YAML list), seconds: the baseline stage's Megatron-LM runs of each layout (ITERS)
+  lane "$1"
+  preflight_yaml "$1" "{runs: [], megatron: {benchmark: $2, precisions: [bf16], mbs: 4, gbs: $3, iterations: $ITERS, attention: sdpa, timeout_s: 120, layouts: $4}}"
+  printf 'benchmarks: [gpt_126m]\npretrain: {megatron: %s}\n' "$C/megatron.tar.gz" > "/tmp/lanes/$1/device.yaml"
+  smk "$1" "$5" "results/baseline/$SYS2/baseline.json" --configfile device.yaml --config system=$SYS2
+  keep "$1" "results/baseline/$SYS2" "results/preflight/$SYS2/preflight.json" logs/baseline
+  say "$1 ($2 GBS $3): $(grep -h '^| megatron' /tmp/lanes/$1/results/baseline/$SYS2/baseline_report.md 2>/dev/null | awk -F'|' '{print $3, "mbs", $7, $9, "s"}' | tr '\n' ';')"
+}
+
 if [ "$PART" = determinism ] && [ "$NGPU" -ge 4 ]; then
   # Issue 32 at DP2 with Megatron-LM's --deterministic-mode: the chained seed (GPUs 0,1; one segment killed mid-way)
   # next to the same seed uninterrupted twice (GPUs 2,3), so the chain is held to a run-to-run spread of zero.
@@ -296,7 +305,10 @@ if [ "$PART" = determinism ] && [ "$NGPU" -ge 4 ]; then
      gpt126m $l "$LAYOUT" "$SYS2" "$ITERS" ", deterministic: true"
      smk $l 230 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep $l $seed_files
      say "$l done"
-   done) &
+   done
+   # The layouts the sweep's call had no time left for (SWEEP2, e.g. "gpt_126m 16 [{tp: 1, mbs: 4}]"; ITERS=10).
+   if [ -n "${SWEEP2:-}" ]; then ITERS=10; IFS=';' read -ra S2 <<< "$SWEEP2"; i=0
+     for spec in "${S2[@]}"; do i=$((i+1)); set -- $spec; bl "s2_$i" "$1" "$2" "${*:3}" 200; done; fi) &
   R=$!
   wait $CH $R
   kill $KW 2>/dev/null
@@ -310,14 +322,6 @@ if [ "$PART" = sweep ] && [ "$NGPU" -ge 4 ]; then
   # Issue 35's measurements, two lanes of 2 GPUs: the GEMM/SDPA shapes of GPT-126M and GPT-1.3B layers (GPU0),
   # a preflight (collectives), and the baseline stage's Megatron-LM runs of the layouts below (ITERS each).
   ITERS=${ITERS:-10}
-  bl() {  # lane, benchmark, GBS, layouts (YAML list), seconds
-    lane "$1"
-    preflight_yaml "$1" "{runs: [], megatron: {benchmark: $2, precisions: [bf16], mbs: 4, gbs: $3, iterations: $ITERS, attention: sdpa, timeout_s: 120, layouts: $4}}"
-    printf 'benchmarks: [gpt_126m]\npretrain: {megatron: %s}\n' "$C/megatron.tar.gz" > "/tmp/lanes/$1/device.yaml"
-    smk "$1" "$5" "results/baseline/$SYS2/baseline.json" --configfile device.yaml --config system=$SYS2
-    keep "$1" "results/baseline/$SYS2" "results/preflight/$SYS2/preflight.json" logs/baseline
-    say "$1 ($2 GBS $3): $(grep -h '^| megatron' /tmp/lanes/$1/results/baseline/$SYS2/baseline_report.md 2>/dev/null | awk -F'|' '{print $3, "mbs", $7, $9, "s"}' | tr '\n' ';')"
-  }
   L13_16="[{tp: 1, mbs: 1}, {tp: 1, mbs: 2}, {tp: 1, mbs: 4}, {tp: 1, mbs: 8}, {tp: 2, mbs: 4}, {pp: 2, mbs: 1}, {pp: 2, vpp: 2, mbs: 2}, {pp: 2, vpp: 4, mbs: 1}]"
   L13_64="[{tp: 1, mbs: 2}, {tp: 1, mbs: 4}, {tp: 1, mbs: 8}, {tp: 2, mbs: 8}, {pp: 2, mbs: 4}, {pp: 2, vpp: 2, mbs: 4}, {pp: 2, vpp: 4, mbs: 1}]"
   L126A="[{tp: 1, mbs: 1}, {tp: 1, mbs: 2}, {tp: 1, mbs: 4}, {tp: 1, mbs: 8}]"
