@@ -35,8 +35,9 @@ from mlrepro.scoring import running_verdict as rv  # noqa: E402
 PUBLISHED = Path("/work/data/v5.0")
 
 
-def score_pools(include_all: bool) -> dict:
-    """{pool name: {"required", "max_failed", "runs": [[counted, minutes, samples], ...]}}."""
+def score_pools(include_all: bool, published: Path = PUBLISHED) -> dict:
+    """{pool name: {"required", "max_failed", "runs": [[counted, minutes, samples], ...]}}; `published`
+    is a checkout of training_results_v5.0 (its <submitter>/results/<system>/<benchmark> folders)."""
     from mlrepro import config
     from mlrepro.scoring import rules as scoring_rules
     from mlrepro.scoring import score
@@ -50,7 +51,7 @@ def score_pools(include_all: bool) -> dict:
     for bench_name in ("llama2_70b_lora", "llama31_405b"):
         rules = scoring_rules.rules_for(bench_name)
         pattern = f"*/results/*/{bench_name}" if include_all else f"NVIDIA/results/*/{bench_name}"
-        for folder in sorted(PUBLISHED.glob(pattern)):
+        for folder in sorted(Path(published).glob(pattern)):
             logs = sorted(folder.glob("result_*.txt"))
             if len(logs) >= 3:
                 pools[f"{bench_name} {folder.parts[-4]}/{folder.parts[-2]}"] = _pool(logs, rules, score)
@@ -89,11 +90,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--pools", help="read the scored pools from this JSON instead of the logs")
     ap.add_argument("--save-pools", help="score the logs, write the pools to this JSON and stop")
+    ap.add_argument("--published", default=str(PUBLISHED), help="a checkout of training_results_v5.0")
     args = ap.parse_args()
     if args.pools:
         pools = json.loads(Path(args.pools).read_text())
     else:
-        pools = score_pools(args.all)
+        pools = score_pools(args.all, Path(args.published))
     if args.only:
         pools = {k: v for k, v in pools.items() if args.only in k or "mini" in k}
     if args.save_pools:

@@ -11,22 +11,24 @@ Three quantities are compared per run (`QUANTITIES`):
 * samples to converge, the convergence itself (and the RCP factor beside it).
 
 The method (`assess`, the one judge of the final verdict, the running verdict and the early stop):
-for each quantity, the ratio of your runs' geometric mean to the reference's, with its
-(1 - 2 * ALPHA) = 90% interval from the pooled spread of the logs of both sets (Student's t with
-n_yours + n_reference - 2 degrees of freedom). Spread is pooled because three runs of yours alone
-hold two degrees of freedom; the reference's runs tell how much runs of this benchmark vary. The
-interval is read against the tolerance band, 1 -/+ TOLERANCE_PCT (5%): inside it, the quantity is
-*within* the tolerance (two one-sided tests, TOST, each at ALPHA); wholly outside, *beyond* it (a
-one-sided test at ALPHA against the nearer edge); otherwise *undecided*. The verdict:
+for each quantity, the ratio of your runs' geometric mean to the reference's, with its interval from
+the pooled spread of the logs of both sets (Student's t with n_yours + n_reference - 2 degrees of
+freedom). Spread is pooled because three runs of yours alone hold two degrees of freedom; the
+reference's runs tell how much runs of this benchmark vary. The intervals of the m quantities judged
+hold together with probability 1 - ALPHA (95%; each at 1 - ALPHA / m, Bonferroni). Each is read against
+the tolerance band, 1 -/+ TOLERANCE_PCT (5%): inside it, the quantity is *within* the tolerance (two
+one-sided tests, TOST); wholly outside, *beyond* it; otherwise *undecided*. The verdict:
 
 * `not reproduced`: some quantity is beyond the tolerance;
 * `reproduced`: none is, and the machine's speed (time per sample; time to train where runs log no
   samples) is within it;
 * `inconclusive` ("too few runs to tell"): neither. A Mann-Whitney test of 3 runs against 3 can never
   find a difference at alpha 0.05 (its smallest p is 0.10), and an absence of evidence used to read
-  "reproduced"; now a verdict needs evidence either way, and an exact reproduction is called
-  "not reproduced" with probability at most ALPHA (far less, away from the tolerance's edge), a
-  reproduction slower than the tolerance "reproduced" with probability at most ALPHA.
+  "reproduced"; now a verdict needs evidence either way. A reproduction within the tolerance is
+  called "not reproduced" only when some interval misses its true ratio, so with probability at most
+  ALPHA; one slower than the tolerance is called "reproduced" with probability at most ALPHA / (2 m).
+  (Intervals at 90% each, the textbook TOST, called 10% of exact reproductions of the miniatures,
+  whose runs vary 31% and more, "not reproduced": with a spread that wide the band is a point.)
 
 How much the runs can tell is stated with the verdict (`power`): the smallest slowdown that these
 run counts and this spread call "not reproduced" with probability POWER (80%), and the probability
@@ -51,14 +53,15 @@ from mlrepro.scoring import page
 from mlrepro.scoring.records import ABSENT, ScoreRecord, VerdictRecord
 
 ALPHA = 0.05
-CONFIDENCE = 1 - 2 * ALPHA  # the interval's two bounds are the two one-sided tests at ALPHA
+CONFIDENCE = 1 - ALPHA  # of the intervals of all the quantities judged, together
 TOLERANCE_PCT = 5.0
 POWER = 0.8
 METHOD = (f"ratio of the geometric means of your counted runs and the reference's, per quantity, with its "
-          f"{CONFIDENCE:.0%} interval from the pooled spread of the logs (Student's t); the interval within "
-          f"1 -/+ {TOLERANCE_PCT:g}% is a reproduction (two one-sided tests at alpha {ALPHA}), wholly outside it "
-          "a difference; time per sample decides reproduced, any quantity beyond the tolerance not reproduced, "
-          "and otherwise there are too few runs to tell")
+          "interval from the pooled spread of the logs (Student's t; the intervals of the quantities judged hold "
+          f"together with {CONFIDENCE:.0%} confidence, Bonferroni); an interval within 1 -/+ {TOLERANCE_PCT:g}% "
+          "is a reproduction (two one-sided tests), wholly outside it a difference; time per sample decides "
+          "reproduced, any quantity beyond the tolerance not reproduced, and otherwise there are too few runs "
+          "to tell")
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive"
@@ -111,8 +114,13 @@ def _band() -> tuple[float, float]:
     return math.log(1 - TOLERANCE_PCT / 100), math.log(1 + TOLERANCE_PCT / 100)
 
 
-def ratio_interval(yours: np.ndarray, theirs: np.ndarray) -> dict[str, Any]:
-    """Your runs' geometric mean over the reference's, with its CONFIDENCE interval, for each row.
+def each_confidence(quantities: int) -> float:
+    """The confidence of each of `quantities` intervals that hold together with CONFIDENCE (Bonferroni)."""
+    return 1 - ALPHA / quantities
+
+
+def ratio_interval(yours: np.ndarray, theirs: np.ndarray, confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """Your runs' geometric mean over the reference's, with its two-sided `confidence` interval, for each row.
 
     `yours` is (..., n1) positive per-run values, `theirs` (n2,). The interval is the pooled two-sample
     t interval of the difference of the logs' means (scipy.stats.ttest_ind's, computed here for all rows
@@ -131,7 +139,7 @@ def ratio_interval(yours: np.ndarray, theirs: np.ndarray) -> dict[str, Any]:
     se = sd * math.sqrt(1 / n1 + 1 / n2)
     none = se < _NO_SPREAD
     diff = np.where(none & (np.abs(diff) < _NO_SPREAD), 0.0, diff)
-    half = np.where(none, 0.0, t.ppf(1 - ALPHA, df) * se)
+    half = np.where(none, 0.0, t.ppf((1 + confidence) / 2, df) * se)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(none, (np.abs(diff) < _NO_SPREAD).astype(float), 2 * t.sf(np.abs(diff / se), df))
     return {"ratio": np.exp(diff), "low": np.exp(diff - half), "high": np.exp(diff + half), "p": p,
@@ -156,7 +164,8 @@ def assess(yours: np.ndarray, theirs: np.ndarray) -> dict[str, Any]:
     """
     yours, theirs = np.asarray(yours, float), np.asarray(theirs, float)
     keys = QUANTITIES if theirs.shape[-1] == len(QUANTITIES) else QUANTITIES[:1]
-    intervals = {key: ratio_interval(yours[..., i], theirs[:, i]) for i, key in enumerate(keys)}
+    each = each_confidence(len(keys))
+    intervals = {key: ratio_interval(yours[..., i], theirs[:, i], each) for i, key in enumerate(keys)}
     outcomes = {key: outcome(iv["low"], iv["high"]) for key, iv in intervals.items()}
     primary = "time_per_sample" if "time_per_sample" in keys else "time_to_train"
     beyond = np.any([o == 2 for o in outcomes.values()], axis=0)
@@ -164,8 +173,9 @@ def assess(yours: np.ndarray, theirs: np.ndarray) -> dict[str, Any]:
     return {"intervals": intervals, "outcomes": outcomes, "primary": primary, "verdict": verdict}
 
 
-def power(sd: float, n_yours: int, n_reference: int) -> dict[str, Any]:
-    """What runs of this spread can tell at these counts (noncentral t, scipy.stats.nct).
+def power(sd: float, n_yours: int, n_reference: int, quantities: int = len(QUANTITIES)) -> dict[str, Any]:
+    """What runs of this spread can tell at these counts, `quantities` being judged (noncentral t,
+    scipy.stats.nct).
 
     detectable_slowdown_pct: the smallest slowdown called "not reproduced" with probability POWER;
     p_reproduced_if_same: the probability (a lower bound: one minus both tests' misses) that an exact
@@ -181,7 +191,7 @@ def power(sd: float, n_yours: int, n_reference: int) -> dict[str, Any]:
                            "spread_pct": sd * 100}
     if se < _NO_SPREAD:
         return {**out, "detectable_slowdown_pct": TOLERANCE_PCT, "p_reproduced_if_same": 1.0}
-    crit = t.ppf(1 - ALPHA, df)
+    crit = t.ppf((1 + each_confidence(quantities)) / 2, df)
 
     def shortfall(log_slowdown: float) -> float:
         return float(nct.sf(crit, df, (log_slowdown - high) / se)) - POWER
@@ -231,12 +241,13 @@ def tests_of(yours: dict | None, theirs: dict | None) -> tuple[dict, dict | None
         iv = found["intervals"][key]
         test.update(p=float(iv["p"][0]), ratio=float(iv["ratio"][0]), ratio_pct=_pct_of(float(iv["ratio"][0])),
                     interval_pct=[_pct_of(float(iv["low"][0])), _pct_of(float(iv["high"][0]))],
-                    confidence=CONFIDENCE, spread_pct=float(iv["sd"][0]) * 100,
+                    confidence=each_confidence(len(found["intervals"])), spread_pct=float(iv["sd"][0]) * 100,
                     tolerance=OUTCOMES[int(found["outcomes"][key][0])])
         test["beyond_spread"] = test["p"] < ALPHA
         test["different"] = test["tolerance"] == BEYOND
     primary = found["primary"]
-    stated = {"quantity": primary, **power(float(found["intervals"][primary]["sd"][0]), n1, n2)}
+    stated = {"quantity": primary, **power(float(found["intervals"][primary]["sd"][0]), n1, n2,
+                                           len(found["intervals"]))}
     return tests, stated, VERDICTS[int(found["verdict"][0])]
 
 
@@ -261,7 +272,12 @@ def seed_spread(score: dict | None) -> dict:
 def interval_text(test: dict) -> str:
     """'+10.0% (90% interval +9.1% to +10.9%)': a test's ratio as the why and the report quote it."""
     low, high = test["interval_pct"]
-    return f"{test['ratio_pct']:+.1f}% ({test['confidence']:.0%} interval {low:+.1f}% to {high:+.1f}%)"
+    return f"{test['ratio_pct']:+.1f}% ({confidence_text(test['confidence'])} interval {low:+.1f}% to {high:+.1f}%)"
+
+
+def confidence_text(confidence: float) -> str:
+    """'98.3%', '95%'."""
+    return f"{confidence * 100:.3g}%"
 
 
 def power_text(stated: dict | None) -> str:
@@ -279,7 +295,7 @@ def power_text(stated: dict | None) -> str:
 def _why(tests: dict, stated: dict | None, found: str, difference_pct: float | None) -> list[str]:
     if found == NOT_REPRODUCED:
         return [f"{LABELS[key]} {abs(t['ratio_pct']):.1f}% {'higher' if t['ratio_pct'] > 0 else 'lower'} than the "
-                f"reference's ({t['confidence']:.0%} interval {t['interval_pct'][0]:+.1f}% to "
+                f"reference's ({confidence_text(t['confidence'])} interval {t['interval_pct'][0]:+.1f}% to "
                 f"{t['interval_pct'][1]:+.1f}%), beyond the {TOLERANCE_PCT:g}% tolerance"
                 for key, t in tests.items() if t.get("different")]
     if stated is None:

@@ -94,7 +94,8 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
         tolerance = verdict.get("tolerance_pct", judged.TOLERANCE_PCT)
         parts.append("<div class='scroll'><table id='tests'><tr><th>per run</th><th class='num'>yours</th>"
                      "<th class='num'>reference</th><th class='num'>difference</th>"
-                     f"<th class='num'>ratio of geometric means, {conf:.0%} interval</th><th class='num'>p</th>"
+                     f"<th class='num'>ratio of geometric means, {judged.confidence_text(conf)} interval</th>"
+                     "<th class='num'>p</th>"
                      f"<th>against the {tolerance:g}% tolerance</th></tr>")
         units = {"time_to_train": ("time to train (min, olympic)", ".3f"),
                  "time_per_sample": ("minutes per 1000 samples (olympic)", ".4f"),

@@ -117,12 +117,12 @@ def test_false_stop_rate_on_the_shipped_reference_stays_within_the_budget(mini_l
     assert same["false_stops"] <= 3, same
     slow = rv.simulate_policy(mini_lora_pool, 10, 1, policy, reproductions=10, slowdown=2.5, rng_seed=2,
                               simulations=2000)
-    assert slow["stops"] >= 9 and slow["seeds_at_stop"] / slow["stops"] <= 4, slow
+    assert slow["stops"] >= 9 and slow["seeds_at_stop"] / slow["stops"] <= 5, slow
 
 
 def test_the_vectorised_interval_is_scipys_own():
     """verdict.ratio_interval, computed for thousands of sets at once, is scipy.stats.ttest_ind's pooled
-    interval (at 90%) and p on the logs, whatever the run counts (one run of yours included)."""
+    interval and p on the logs, whatever the run counts (one run of yours included)."""
     import numpy as np
     from scipy.stats import ttest_ind
 
@@ -130,9 +130,9 @@ def test_the_vectorised_interval_is_scipys_own():
     for n1, n2 in ((10, 10), (3, 3), (3, 10), (1, 3)):
         a = np.exp(rng.normal(scale=0.05, size=(200, n1)) + rng.normal(scale=0.05, size=(200, 1)))
         b = np.exp(rng.normal(scale=0.05, size=n2))
-        mine = verdict.ratio_interval(a, b)
+        mine = verdict.ratio_interval(a, b, 0.9)
         theirs = ttest_ind(np.log(a), np.log(b)[None], axis=-1)
-        ci = theirs.confidence_interval(verdict.CONFIDENCE)
+        ci = theirs.confidence_interval(0.9)
         assert np.allclose(np.log(mine["low"]), ci.low) and np.allclose(np.log(mine["high"]), ci.high), (n1, n2)
         assert np.allclose(mine["p"], theirs.pvalue), (n1, n2)
 
@@ -159,3 +159,32 @@ def test_steady_seeds_within_the_tolerance_are_reproduced_by_the_simulation_too(
     three = rv.probability_reproduced(seen, ref, 10, 1, simulations=1000)
     assert (three > 0.5) if p else (three < 0.1)
     assert rv.should_stop(seen, ref, 10, 1, rv.EarlyStop(0.99, 3))["stop"] == (not p)
+
+
+@pytest.fixture(scope="module")
+def pools(mini_lora_pool) -> dict[str, list[rv.Run]]:
+    """The shipped miniatures' runs and NVIDIA's published DGX B200 runs (the test fixture)."""
+    mini_gpt = config.load_benchmark(ROOT, "mini_gpt")
+    gpt_rules = scoring_rules.for_benchmark(mini_gpt)
+    published = sorted((ROOT / "tests" / "fixtures" / "training_results_v5.0" / "NVIDIA" / "results" /
+                        "nyx_n1_ngc25.04_nemo" / "llama2_70b_lora").glob("result_*.txt"))
+    return {"mini_lora": mini_lora_pool,
+            "mini_gpt": rv.runs_of([score.score_run(p, gpt_rules, run_compliance=False)
+                                    for p in sorted(mini_gpt.reference["runs"].glob("result_*.txt"))]),
+            "nyx": rv.runs_of([score.score_run(p, scoring_rules.rules_for("llama2_70b_lora"), run_compliance=False)
+                               for p in published])}
+
+
+@pytest.mark.parametrize("runs", [3, 10])
+def test_simulated_verdicts_keep_both_guarantees(pools, runs):
+    """Issue 37 (benchmarks/verdict_power.py over every published system, bounded here): reproductions
+    drawn from a pool as if they were yours. A true one is called "not reproduced" at most at alpha;
+    one 25% slower is never "reproduced"; and where the runs are steady (the published B200 runs),
+    25% slower is caught at three runs, which the Mann-Whitney rule never did."""
+    for name, pool in pools.items():
+        same = rv.simulate_verdicts(pool, runs, 1.0, 400, rng_seed=runs)
+        assert same[verdict.NOT_REPRODUCED] <= verdict.ALPHA * 400, (name, same)
+        slower = rv.simulate_verdicts(pool, runs, 1.25, 400, rng_seed=runs + 1)
+        assert slower[verdict.REPRODUCED] == 0, (name, slower)
+    assert rv.simulate_verdicts(pools["nyx"], runs, 1.25, 400, rng_seed=7)[verdict.NOT_REPRODUCED] == 400
+    assert rv.simulate_verdicts(pools["nyx"], runs, 1.0, 400, rng_seed=8)[verdict.REPRODUCED] > 0.5 * 400
