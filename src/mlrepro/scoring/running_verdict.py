@@ -240,6 +240,15 @@ def outlook(seen: Sequence[Run], reference: Sequence[Run] | None, required: int,
     return out
 
 
+def outlook_text(out: dict) -> str:
+    """'P(reproduced) = 0.000, P(inconclusive) = 0.812, P(not reproduced) = 0.188' (an outlook written before
+    the inconclusive verdict: its P(reproduced) alone); its why where it has no probability."""
+    if out.get("p_reproduced") is None:
+        return str(out.get("why"))
+    shown = ["reproduced", "inconclusive", "not reproduced"] if out.get("p_inconclusive") is not None else ["reproduced"]
+    return ", ".join(f"P({name}) = {out['p_' + name.replace(' ', '_')]:.3f}" for name in shown)
+
+
 def should_stop(seen: Sequence[Run], reference: Sequence[Run] | None, required: int, max_failed: int,
                 policy: EarlyStop | None, simulations: int = SIMULATIONS) -> dict:
     """{"stop": bool, "p_not_reproduced": float | None, "why": str}: whether to stop submitting now.

@@ -84,6 +84,8 @@ def test_too_many_failures_settle_it_and_no_reference_says_none(mini_lora_pool):
     assert out["p_reproduced"] == 0.0 and "2 seeds failed" in out["why"]
     assert "geometric means" in out["method"] and "10 seeds" in out["method"]
     assert out["p_not_reproduced"] == 1.0 and out["p_inconclusive"] == 0.0
+    assert rv.outlook_text(out) == "P(reproduced) = 0.000, P(inconclusive) = 0.000, P(not reproduced) = 1.000"
+    assert rv.outlook_text({"p_reproduced": 0.25}) == "P(reproduced) = 0.250"  # written before "inconclusive"
 
 
 def test_should_stop_respects_min_seeds_and_the_last_seed(mini_lora_pool):
