@@ -225,7 +225,7 @@ def tests_of(yours: dict | None, theirs: dict | None) -> tuple[dict, dict | None
     tests: dict[str, Any] = {}
     for key, what in values.items():
         mine, ref = _values(yours, what), _values(theirs, what)
-        tests[key] = {"n_yours": len(mine), "n_theirs": len(ref), "p": None, "statistic": None,
+        tests[key] = {"n_yours": len(mine), "n_theirs": len(ref), "p": None,
                       "difference_pct": _pct(olympic(mine), olympic(ref)), "yours": olympic(mine),
                       "theirs": olympic(ref)}
     n1, n2 = len(counted_yours), len(counted_theirs)
