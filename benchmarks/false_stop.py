@@ -1,11 +1,12 @@
-"""How often the early stop stops a reproduction that would have been judged reproduced (issue 24).
+"""How often the early stop stops a reproduction that would not have ended "not reproduced" (issue 24).
 
 Each pool of reference runs (the miniatures' shipped runs, and published MLPerf v5.0 runs of one
 system: 10 per system for llama2_70b_lora) is resampled "as if it were yours": a reproduction draws
 its N seeds with replacement from the pool, the early-stop policy looks after each seed from
 min_seeds on (mlrepro.scoring.running_verdict.should_stop, exactly what the workflow runs), and the
-completed reproduction is judged against the pool by the final verdict's tests. A false stop is a
-stop of a reproduction that the final verdict judges reproduced. The same draws with the time per
+completed reproduction is judged against the pool by the final verdict's method. A false stop is a
+stop of a reproduction that the final verdict does not call "not reproduced" (it calls it reproduced,
+or inconclusive: a stop claims more than the seeds would have shown). The same draws with the time per
 sample multiplied by a slow-down show how soon a slower machine is stopped.
 
     .venv/bin/python benchmarks/false_stop.py                      # miniatures + NVIDIA's five systems
@@ -13,9 +14,9 @@ sample multiplied by a slow-down show how soon a slower machine is stopped.
     .venv/bin/python benchmarks/false_stop.py --save-pools pools.json   # score the logs once, here
     .venv/bin/python benchmarks/false_stop.py --pools pools.json ...     # elsewhere, without the logs
 
-Prints one row per pool: reproductions, how many the final verdict judges reproduced, false stops
-among them with the rate and its 95% upper bound (Clopper-Pearson), and per slow-down the share
-stopped and the mean seed count at the stop.
+Prints one row per pool: reproductions, how many the final verdict calls reproduced / inconclusive /
+not reproduced, false stops among those it does not call not reproduced with the rate and its 95% upper
+bound (Clopper-Pearson), and per slow-down the share stopped and the mean seed count at the stop.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from mlrepro.scoring import running_verdict as rv  # noqa: E402
 PUBLISHED = Path("/work/data/v5.0")
 
 
-def score_pools(include_all: bool) -> dict:
-    """{pool name: {"required", "max_failed", "runs": [[counted, minutes, samples], ...]}}."""
+def score_pools(include_all: bool, published: Path = PUBLISHED) -> dict:
+    """{pool name: {"required", "max_failed", "runs": [[counted, minutes, samples], ...]}}; `published`
+    is a checkout of training_results_v5.0 (its <submitter>/results/<system>/<benchmark> folders)."""
     from mlrepro import config
     from mlrepro.scoring import rules as scoring_rules
     from mlrepro.scoring import score
@@ -50,7 +52,7 @@ def score_pools(include_all: bool) -> dict:
     for bench_name in ("llama2_70b_lora", "llama31_405b"):
         rules = scoring_rules.rules_for(bench_name)
         pattern = f"*/results/*/{bench_name}" if include_all else f"NVIDIA/results/*/{bench_name}"
-        for folder in sorted(PUBLISHED.glob(pattern)):
+        for folder in sorted(Path(published).glob(pattern)):
             logs = sorted(folder.glob("result_*.txt"))
             if len(logs) >= 3:
                 pools[f"{bench_name} {folder.parts[-4]}/{folder.parts[-2]}"] = _pool(logs, rules, score)
@@ -89,11 +91,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--pools", help="read the scored pools from this JSON instead of the logs")
     ap.add_argument("--save-pools", help="score the logs, write the pools to this JSON and stop")
+    ap.add_argument("--published", default=str(PUBLISHED), help="a checkout of training_results_v5.0")
     args = ap.parse_args()
     if args.pools:
         pools = json.loads(Path(args.pools).read_text())
     else:
-        pools = score_pools(args.all)
+        pools = score_pools(args.all, Path(args.published))
     if args.only:
         pools = {k: v for k, v in pools.items() if args.only in k or "mini" in k}
     if args.save_pools:
@@ -116,9 +119,11 @@ def main() -> int:
     with ProcessPoolExecutor(args.jobs) as ex:
         for name, factor, res in ex.map(_simulate, tasks):
             acc = totals.setdefault((name, factor), {})
-            for key in ("reproductions", "final_reproduced", "false_stops", "stops", "seeds_at_stop"):
+            for key in ("reproductions", "final_reproduced", "final_inconclusive", "final_not_reproduced",
+                        "false_stops", "stops", "seeds_at_stop"):
                 acc[key] = acc.get(key, 0) + res[key]
-    head = ("| pool | runs | N | reproductions | judged reproduced | false stops | false-stop rate | 95% upper |"
+    head = ("| pool | runs | N | reproductions | reproduced / inconclusive / not reproduced at the end | "
+            "false stops | false-stop rate | 95% upper |"
             + "".join(f" stopped at {f:g}x (mean seeds) |" for f in slowdowns))
     print(f"early_stop: confidence {policy.confidence}, min_seeds {policy.min_seeds} "
           f"(budget 1 - confidence = {1 - policy.confidence:.3g}); {rv.SIMULATIONS} simulations per look\n")
@@ -130,22 +135,24 @@ def main() -> int:
         if name in never:
             continue
         base = totals[(name, 1.0)]
-        all_rep += base["final_reproduced"]
+        healthy = base["reproductions"] - base["final_not_reproduced"]
+        all_rep += healthy
         all_false += base["false_stops"]
-        rate = base["false_stops"] / base["final_reproduced"] if base["final_reproduced"] else float("nan")
+        rate = base["false_stops"] / healthy if healthy else float("nan")
         cells = []
         for f in slowdowns:
             s = totals[(name, f)]
             mean = s["seeds_at_stop"] / s["stops"] if s["stops"] else float("nan")
             cells.append(f" {s['stops'] / s['reproductions']:.0%} ({mean:.1f}) |")
         print(f"| {name} | {len(pool['runs'])} | {pool['required']} | {base['reproductions']} | "
-              f"{base['final_reproduced']} | {base['false_stops']} | {rate:.4f} | "
-              f"{upper_bound(base['false_stops'], base['final_reproduced']):.4f} |" + "".join(cells))
+              f"{base['final_reproduced']} / {base['final_inconclusive']} / {base['final_not_reproduced']} | "
+              f"{base['false_stops']} | {rate:.4f} | {upper_bound(base['false_stops'], healthy):.4f} |"
+              + "".join(cells))
     if never:
         print(f"\n{len(never)} pools need N <= min_seeds ({policy.min_seeds}) seeds and are never stopped early: "
               + ", ".join(never))
     if all_rep:
-        print(f"\nall pools: {all_false} false stops in {all_rep} reproductions judged reproduced: rate "
+        print(f"\nall pools: {all_false} false stops in {all_rep} reproductions not judged not reproduced: rate "
               f"{all_false / all_rep:.4f}, 95% upper bound {upper_bound(all_false, all_rep):.4f} "
               f"(budget {1 - policy.confidence:.3g})")
     return 0

@@ -27,7 +27,7 @@ from mlrepro import config, paths
 from mlrepro.paths import AttemptPaths, SeedPaths
 from mlrepro.pretrain import progress
 from mlrepro.pretrain.progress import format_elapsed
-from mlrepro.scoring import cost, early_stop, live
+from mlrepro.scoring import cost, early_stop, live, running_verdict
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.slurm import client as slurm
 from mlrepro.slurm import node_health
@@ -418,9 +418,8 @@ def reproduction_lines(extra: dict) -> list[str]:
              + (" (partly estimated from file times)" if c.get("estimated") else "")]
     rv = extra.get("running_verdict")
     if rv:
-        p = rv.get("p_reproduced")
         lines.append(f"running verdict: after {rv['seeds_finished']} of {rv['seeds_required']} seeds, "
-                     + (f"P(reproduced) = {p:.3f}" if p is not None else str(rv.get("why"))))
+                     + running_verdict.outlook_text(rv))
     if extra.get("early_stop"):
         lines.append(f"early stop: {extra['early_stop']['message']}")
     for seed, why in sorted(extra.get("outside_band", {}).items(), key=lambda kv: int(kv[0])):

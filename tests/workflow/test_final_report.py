@@ -45,7 +45,9 @@ def test_summary_lists_every_benchmark(two_benchmarks):
     records = json.loads((results / "summary.json").read_text())
     assert [r["benchmark"] for r in records] == ["mini_lora", "mini_twin"]
     lora, twin = records
-    assert lora["reference_kind"] == "reference runs" and lora["verdict"] in ("reproduced", "not reproduced")
+    # two seeds against reference runs that vary 31% per sample: most likely "inconclusive", which the why explains
+    assert lora["reference_kind"] == "reference runs" and lora["verdict"] in ("reproduced", "inconclusive",
+                                                                            "not reproduced")
     assert lora["reference_score_minutes"] > 0 and lora["p_time_per_sample"] is not None
     assert twin["reference_kind"] == "none" and twin["verdict"] == "seeds only" and twin["p_time_to_train"] is None
     assert "compared with each other only" in twin["why"]
@@ -71,7 +73,8 @@ def test_final_report_opens_with_the_verdict_table(two_benchmarks, tmp_path):
     assert twin.ids["verdict-status"] == "SEEDS ONLY" and "tests" not in twin.ids
     assert "median" in twin.ids["seed-spread"]
     lora = dom(results / "mini_lora" / "report.html", tmp_path)
-    assert "reference runs" in lora.ids["reference-source"] and "Mann-Whitney U" in lora.ids["method"]
+    assert "reference runs" in lora.ids["reference-source"] and "geometric means" in lora.ids["method"]
+    assert "What these runs can tell" in lora.ids["power"]
 
 
 def test_snakemake_report_carries_the_final_report(two_benchmarks, tmp_path):

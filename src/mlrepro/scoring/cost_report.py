@@ -91,9 +91,7 @@ def running_section(outlook: dict | None) -> str:
     """The running verdict with its method and the measured false-stop rate."""
     if not outlook:
         return ""
-    p = outlook.get("p_reproduced")
-    head = (f"after {outlook['seeds_finished']} of {outlook['seeds_required']} seeds: "
-            + (f"P(reproduced) = {p:.3f}" if p is not None else _e(outlook.get("why"))))
+    head = f"after {outlook['seeds_finished']} of {outlook['seeds_required']} seeds: " + _e(rv.outlook_text(outlook))
     measured = rv.FALSE_STOP_MEASURED
     return (f"<h3>Running verdict</h3><p id='running-verdict'>{head}</p>"
             f"<p class='small' id='running-method'>Method: {_e(outlook.get('method'))}. The early stop "

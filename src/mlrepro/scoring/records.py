@@ -159,6 +159,7 @@ class VerdictRecord(Record):
     reference: dict[str, Any] = ABSENT
     method: str = ABSENT
     alpha: float = ABSENT
+    tolerance_pct: float = ABSENT
     valid: bool = ABSENT
     reasons: list[str] = ABSENT
     score_minutes: float | None = ABSENT
@@ -173,6 +174,8 @@ class VerdictRecord(Record):
     runs: dict[str, list[float]] = ABSENT
     environment: dict[str, Any] = ABSENT
     tests: dict[str, Any] = ABSENT
+    # What the runs can tell at their counts and spread (mlrepro.scoring.verdict.power); None: too few to test
+    power: dict[str, Any] | None = ABSENT
     verdict: str = ABSENT
     why: list[str] = ABSENT
     # A reproduction's: the implementation config its runs used, and what its score carries.

@@ -3,7 +3,7 @@ per-run values; apart from the judgement so that judging needs no plotting libra
 
 from __future__ import annotations
 
-from mlrepro.scoring import page
+from mlrepro.scoring import page, verdict as judged
 from mlrepro.scoring.page import escape, number
 from mlrepro.scoring.plots import inline_svg, plt
 
@@ -71,9 +71,10 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
     """The verdict as an HTML fragment for the benchmark's report page."""
     ref = verdict["reference"]
     status = verdict["verdict"]
-    css = {"reproduced": "valid", "seeds only": "valid"}.get(status, "invalid")
+    css = {"reproduced": "valid", "seeds only": "valid", judged.INCONCLUSIVE: "warn"}.get(status, "invalid")
     parts = [f"<h2>Compared with the {'published result' if ref.get('kind') == 'published' else 'reference'}</h2>",
-             f"<div class='verdict {css}' id='reproduction'>verdict: <b id='verdict-status'>{escape(status.upper())}</b>"]
+             f"<div class='verdict {css}' id='reproduction'>verdict: <b id='verdict-status'>{escape(status.upper())}</b>"
+             + (f" <span id='verdict-note'>{judged.TOO_FEW}</span>" if status == judged.INCONCLUSIVE else "")]
     if verdict.get("reference_score_minutes") is not None:
         parts.append(f"<div class='small'>yours <b id='your-score'>{number(verdict['score_minutes'])}</b> min, "
                      f"{escape(ref.get('label'))} <b id='reference-score'>{number(verdict['reference_score_minutes'])}</b> "
@@ -89,26 +90,35 @@ def render_section(verdict: dict, distribution_svg: str | None = None) -> str:
         parts.append("<p>Your system differs from the published one:</p><ul id='differences'>"
                      + "".join(f"<li>{escape(d)}</li>" for d in match["differences"]) + "</ul>")
     if verdict.get("tests"):
+        conf = next((t["confidence"] for t in verdict["tests"].values() if t.get("confidence")), judged.CONFIDENCE)
+        tolerance = verdict.get("tolerance_pct", judged.TOLERANCE_PCT)
         parts.append("<div class='scroll'><table id='tests'><tr><th>per run</th><th class='num'>yours</th>"
                      "<th class='num'>reference</th><th class='num'>difference</th>"
-                     "<th class='num'>p</th><th>beyond the spread?</th></tr>")
+                     f"<th class='num'>ratio of geometric means, {judged.confidence_text(conf)} interval</th>"
+                     "<th class='num'>p</th>"
+                     f"<th>against the {tolerance:g}% tolerance</th></tr>")
         units = {"time_to_train": ("time to train (min, olympic)", ".3f"),
                  "time_per_sample": ("minutes per 1000 samples (olympic)", ".4f"),
                  "samples_to_converge": ("samples to converge (olympic)", ".1f")}
         for key, test in verdict["tests"].items():
             label, spec = units[key]
+            # a verdict.json of the Mann-Whitney method has no interval: its "different" still reads
+            against = test.get("tolerance") or ("beyond" if test.get("different") else
+                                                 "not beyond" if test.get("p") is not None else test.get("note"))
             parts.append(f"<tr><td>{label}</td><td class='num'>{number(test['yours'], spec)}</td>"
                          f"<td class='num'>{number(test['theirs'], spec)}</td>"
                          f"<td class='num'>{page.percent(test['difference_pct'])}</td>"
-                         f"<td class='num'>{page.p_value(test['p'])}</td>"
-                         f"<td>{'yes' if test.get('different') else ('no' if test['p'] is not None else escape(test.get('note')))}"
-                         "</td></tr>")
+                         f"<td class='num'>{escape(judged.interval_text(test)) if test.get('interval_pct') else '-'}</td>"
+                         f"<td class='num'>{page.p_value(test['p'])}</td><td>{escape(against)}</td></tr>")
         parts.append(f"<tr><td>RCP factor</td><td class='num'>{page.factor(verdict['rcp_factor'])}</td>"
                      f"<td class='num'>{page.factor(verdict['reference_rcp_factor'])}</td>"
                      f"<td class='num'>{page.percent(verdict['rcp_factor_difference_pct'])}</td><td>-</td><td>-</td>"
-                     "</tr></table></div>")
-        parts.append(f"<p class='small' id='method'>Test: {escape(verdict['method'])}. Time per sample separates the "
+                     "<td>-</td></tr></table></div>")
+        parts.append(f"<p class='small' id='method'>Method: {escape(verdict['method'])}. Time per sample separates the "
                      "machine's speed from the seed-to-seed variation of samples to converge.</p>")
+        if "power" in verdict:
+            parts.append(f"<p class='small' id='power'>What these runs can tell: {escape(judged.power_text(verdict['power']))}."
+                         "</p>")
     spread = verdict["seeds"]
     ref_spread = verdict.get("reference_seeds") or {}
     parts.append("<h3>Seeds compared with each other</h3>"

@@ -76,7 +76,9 @@ def test_a_healthy_machine_or_no_policy_goes_on(tmp_path, bench):
     assert early_stop.evaluate(tmp_path, bench, _System(early_stop=None), rules, 2, "cpu") is None
     assert early_stop.read_decision(tmp_path, "mini_lora") is None
     running = early_stop.running(tmp_path, bench, rules, simulations=500)
-    assert running["seeds_finished"] == 4 and 0.3 < running["p_reproduced"] <= 1
+    # the shipped runs vary 31% per sample: ten cannot show a reproduction within 5%, and say so
+    assert running["seeds_finished"] == 4 and running["p_reproduced"] == 0
+    assert running["p_inconclusive"] > 0.5 > running["p_not_reproduced"]
 
 
 def test_a_stopped_seed_is_marked_and_not_counted_as_finished(tmp_path, bench):

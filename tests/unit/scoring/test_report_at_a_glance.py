@@ -119,7 +119,8 @@ def test_verdict_first(pages):
     assert header.split("\t")[0] == "verdict"
     rows = {line.split("\t")[1]: line.split("\t")[0] for line in final["ids"]["verdicts-table"]["text"].split("\n")[1:]
             if "\t" in line and line.split("\t")[0]}
-    assert rows == {"mini_lora": "reproduced", "mini_lora_slower": "not reproduced"}
+    # mini_lora's shipped runs vary 31% per sample: ten runs as they are cannot be shown within 5% of themselves
+    assert rows == {"mini_lora": "inconclusive", "mini_lora_slower": "not reproduced"}
     page = laid_out["benchmark", 390]
     # after the title and the line that says what is measured, the verdict; the score below it
     assert page["ids"]["reproduction"]["text"].startswith("verdict: NOT REPRODUCED")

@@ -61,12 +61,19 @@ def test_all_seeds_finished_gives_the_final_verdict_itself(mini_lora_pool):
         assert rv.probability_reproduced(yours, ref, 10, 1) == (1.0 if final == "reproduced" else 0.0), trial
 
 
-def test_probability_falls_with_the_slowdown_and_the_seeds_seen(mini_lora_pool):
+def test_not_reproduced_rises_with_the_slowdown(mini_lora_pool):
+    """The shipped mini_lora runs vary 31% per sample (a noisy VM): ten runs cannot show a reproduction
+    within 5%, so an exact one is never headed for "reproduced", and "inconclusive" is its likeliest end
+    (the rest: seeds that fail, which the Jeffreys prior on three converged seeds still allows, and
+    a level that its first three seeds put 9% above the pool's)."""
     ref = mini_lora_pool
-    p = {f: rv.probability_reproduced([rv.Run(True, r.minutes * f, r.samples) for r in ref[:3]], ref, 10, 1,
-                                      simulations=1000) for f in (1.0, 1.5, 3.0)}
-    assert p[1.0] > p[1.5] > p[3.0]
-    assert p[1.0] > 0.4 and p[3.0] < 0.01
+    p = {f: rv.probabilities([rv.Run(True, r.minutes * f, r.samples) for r in ref[:3]], ref, 10, 1,
+                             simulations=1000) for f in (1.0, 1.5, 3.0)}
+    not_reproduced = {f: shares[verdict.NOT_REPRODUCED] for f, shares in p.items()}
+    assert not_reproduced[1.0] < not_reproduced[1.5] < not_reproduced[3.0]
+    assert not_reproduced[1.0] < 0.5 and not_reproduced[3.0] > 0.99
+    assert p[1.0][verdict.REPRODUCED] == 0 and p[1.0][verdict.INCONCLUSIVE] > 0.5
+    assert all(sum(shares.values()) == pytest.approx(1) for shares in p.values())
 
 
 def test_too_many_failures_settle_it_and_no_reference_says_none(mini_lora_pool):
@@ -75,7 +82,10 @@ def test_too_many_failures_settle_it_and_no_reference_says_none(mini_lora_pool):
     assert rv.probability_reproduced(mini_lora_pool[:3], [], 10, 1) is None
     out = rv.outlook(failed, mini_lora_pool, 10, 1, simulations=200)
     assert out["p_reproduced"] == 0.0 and "2 seeds failed" in out["why"]
-    assert "Mann-Whitney" in out["method"] and "10 seeds" in out["method"]
+    assert "geometric means" in out["method"] and "10 seeds" in out["method"]
+    assert out["p_not_reproduced"] == 1.0 and out["p_inconclusive"] == 0.0
+    assert rv.outlook_text(out) == "P(reproduced) = 0.000, P(inconclusive) = 0.000, P(not reproduced) = 1.000"
+    assert rv.outlook_text({"p_reproduced": 0.25}) == "P(reproduced) = 0.250"  # written before "inconclusive"
 
 
 def test_should_stop_respects_min_seeds_and_the_last_seed(mini_lora_pool):
@@ -99,30 +109,34 @@ def test_stop_message_never_rounds_the_probability_up():
 def test_false_stop_rate_on_the_shipped_reference_stays_within_the_budget(mini_lora_pool):
     """A bounded version of benchmarks/false_stop.py: the shipped runs resampled as if they were yours.
 
-    With a true rate at the 1% budget, 4 or more false stops in 60 reproductions has probability
-    0.3%; the 2x-slower machine shows the policy is not simply never stopping.
+    A false stop is a stop of a reproduction that does not end "not reproduced" with all its seeds. With
+    a true rate at the 1% budget, 4 or more false stops in 60 reproductions has probability 0.3%; the
+    2.5x-slower machine shows the policy is not simply never stopping.
     """
     policy = rv.EarlyStop(0.99, 3)
     same = rv.simulate_policy(mini_lora_pool, 10, 1, policy, reproductions=60, rng_seed=1, simulations=2000)
-    assert same["final_reproduced"] >= 40
+    assert same["final_not_reproduced"] <= 3, same  # the verdict itself: at most alpha of true reproductions
     assert same["false_stops"] <= 3, same
     slow = rv.simulate_policy(mini_lora_pool, 10, 1, policy, reproductions=10, slowdown=2.5, rng_seed=2,
                               simulations=2000)
-    assert slow["stops"] >= 9 and slow["seeds_at_stop"] / slow["stops"] <= 4, slow
+    assert slow["stops"] >= 9 and slow["seeds_at_stop"] / slow["stops"] <= 5, slow
 
 
-def test_the_vectorised_test_is_scipys_own_answer():
-    """Ties included (resampled runs repeat values); below 9 a side scipy answers itself."""
+def test_the_vectorised_interval_is_scipys_own():
+    """verdict.ratio_interval, computed for thousands of sets at once, is scipy.stats.ttest_ind's pooled
+    interval and p on the logs, whatever the run counts (one run of yours included)."""
     import numpy as np
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import ttest_ind
 
     rng = np.random.default_rng(0)
-    for n1, n2 in ((10, 10), (9, 10), (12, 9), (5, 10)):
-        a = np.round(rng.normal(size=(150, n1)) + rng.normal(scale=0.8, size=(150, 1)), 1)
-        b = np.round(rng.normal(size=n2), 1)
-        expected = np.array([mannwhitneyu(row, b, alternative="two-sided").pvalue < verdict.ALPHA for row in a])
-        assert (rv._different(a, b) == expected).all(), (n1, n2)
-        assert 0 < expected.sum() < len(expected)
+    for n1, n2 in ((10, 10), (3, 3), (3, 10), (1, 3)):
+        a = np.exp(rng.normal(scale=0.05, size=(200, n1)) + rng.normal(scale=0.05, size=(200, 1)))
+        b = np.exp(rng.normal(scale=0.05, size=n2))
+        mine = verdict.ratio_interval(a, b, 0.9)
+        theirs = ttest_ind(np.log(a), np.log(b)[None], axis=-1)
+        ci = theirs.confidence_interval(0.9)
+        assert np.allclose(np.log(mine["low"]), ci.low) and np.allclose(np.log(mine["high"]), ci.high), (n1, n2)
+        assert np.allclose(mine["p"], theirs.pvalue), (n1, n2)
 
 
 def test_runs_that_all_converge_at_the_same_sample_count_tie_with_the_simulated_ones():
@@ -147,3 +161,32 @@ def test_steady_seeds_within_the_tolerance_are_reproduced_by_the_simulation_too(
     three = rv.probability_reproduced(seen, ref, 10, 1, simulations=1000)
     assert (three > 0.5) if p else (three < 0.1)
     assert rv.should_stop(seen, ref, 10, 1, rv.EarlyStop(0.99, 3))["stop"] == (not p)
+
+
+@pytest.fixture(scope="module")
+def pools(mini_lora_pool) -> dict[str, list[rv.Run]]:
+    """The shipped miniatures' runs and NVIDIA's published DGX B200 runs (the test fixture)."""
+    mini_gpt = config.load_benchmark(ROOT, "mini_gpt")
+    gpt_rules = scoring_rules.for_benchmark(mini_gpt)
+    published = sorted((ROOT / "tests" / "fixtures" / "training_results_v5.0" / "NVIDIA" / "results" /
+                        "nyx_n1_ngc25.04_nemo" / "llama2_70b_lora").glob("result_*.txt"))
+    return {"mini_lora": mini_lora_pool,
+            "mini_gpt": rv.runs_of([score.score_run(p, gpt_rules, run_compliance=False)
+                                    for p in sorted(mini_gpt.reference["runs"].glob("result_*.txt"))]),
+            "nyx": rv.runs_of([score.score_run(p, scoring_rules.rules_for("llama2_70b_lora"), run_compliance=False)
+                               for p in published])}
+
+
+@pytest.mark.parametrize("runs", [3, 10])
+def test_simulated_verdicts_keep_both_guarantees(pools, runs):
+    """Issue 37 (benchmarks/verdict_power.py over every published system, bounded here): reproductions
+    drawn from a pool as if they were yours. A true one is called "not reproduced" at most at alpha;
+    one 25% slower is never "reproduced"; and where the runs are steady (the published B200 runs),
+    25% slower is caught at three runs, which the Mann-Whitney rule never did."""
+    for name, pool in pools.items():
+        same = rv.simulate_verdicts(pool, runs, 1.0, 400, rng_seed=runs)
+        assert same[verdict.NOT_REPRODUCED] <= verdict.ALPHA * 400, (name, same)
+        slower = rv.simulate_verdicts(pool, runs, 1.25, 400, rng_seed=runs + 1)
+        assert slower[verdict.REPRODUCED] == 0, (name, slower)
+    assert rv.simulate_verdicts(pools["nyx"], runs, 1.25, 400, rng_seed=7)[verdict.NOT_REPRODUCED] == 400
+    assert rv.simulate_verdicts(pools["nyx"], runs, 1.0, 400, rng_seed=8)[verdict.REPRODUCED] > 0.5 * 400
