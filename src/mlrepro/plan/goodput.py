@@ -161,15 +161,9 @@ def young_daly_interval(job: Job) -> float:
         tau = math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d
     else:
         tau = m
-    if job.job_limit_s:
-        tau = min(tau, max(job.job_limit_s - job.restart_s - d, 1.0))
+    if job.job_limit_s and job.job_limit_s - job.restart_s - d > 0:
+        tau = min(tau, job.job_limit_s - job.restart_s - d)
     return min(tau, job.work_s) if job.work_s > 0 else tau
-
-
-def _check(job: Job) -> None:
-    if job.job_limit_s is not None and job.job_limit_s <= job.restart_s:
-        raise ValueError(f"a job of {job.job_limit_s:g} s is over before its start-up of {job.restart_s:g} s: "
-                         "no chained job would ever train")
 
 
 def _complete(a: float, lam: float, dead: float) -> tuple[float, float]:
@@ -187,7 +181,6 @@ def expected(job: Job, interval_s: float | None = None) -> Expectation:
     (1/lam + hang share x hang delay + the restart's own expected time) (Daly 2006's exponential model).
     With a job limit it is the renewal-reward rate of one job (start-up, saves, then a failure or the
     limit), which leaves out the first job's start-up and the run's last partial job."""
-    _check(job)
     lam, h, hd, r, d, w = (job.failure_rate, job.hang_share, job.hang_share * job.hang_s, job.restart_s,
                            job.checkpoint_s, job.work_s)
     if not job.saves:
@@ -208,7 +201,7 @@ def expected(job: Job, interval_s: float | None = None) -> Expectation:
         wall, failures, planned = math.inf, math.inf, math.inf  # never finishes: each job starts over
     else:
         c = tau + d
-        span = limit - r
+        span = max(limit - r, 0.0)  # a job over before its start-up trains nothing: the run never finishes
         k = math.floor(span / c)
         survive = math.exp(-lam * limit)
         mean_span = (1 - survive) / lam if lam > 0 else limit
@@ -239,7 +232,6 @@ def simulate(job: Job, interval_s: float | None = None, *, runs: int = 400, seed
     failure keeps what the last finished save holds; at the job limit the trainer saves what it has (or
     loses it); the run ends at its last step, unsaved. A run still unfinished after `max_jobs` jobs
     counts as never finishing (effective 0)."""
-    _check(job)
     lam, w = job.failure_rate, job.work_s
     tau = math.inf if not job.saves else (interval_s if interval_s is not None else young_daly_interval(job))
     d = job.checkpoint_s if job.saves else 0.0
@@ -252,6 +244,8 @@ def simulate(job: Job, interval_s: float | None = None, *, runs: int = 400, seed
     planned = np.zeros(runs)
     startup = np.zeros(runs)  # the first job's start-up is before the first step: not counted
     active = np.ones(runs, dtype=bool)
+    if limit <= job.restart_s:
+        max_jobs = 1  # only the first job, which has no start-up, can train: after it the run never finishes
     for _ in range(max_jobs):
         idx = np.flatnonzero(active)
         if idx.size == 0:
