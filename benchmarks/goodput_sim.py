@@ -90,7 +90,7 @@ def gpt_table() -> pd.DataFrame:
                      "days": round(p.hours / 24, 1), "planned_GPU_h": round(gpus * p.hours),
                      "MTBF_h": round(job.mtbf_s / 3600, 1), "save_s": round(job.checkpoint_s, 1),
                      "interval": f"{tau / 60:.1f} min ({f.interval_iterations:,} it)",
-                     "interruptions": round(chosen.interruptions, 1),
+                     "interruptions": f"{chosen.interruptions:.3g}",
                      "effective": f"{f.if_saved.effective:.2%} / {chosen.effective:.2%}",
                      "lost_GPU_h": round(chosen.lost_gpu_hours),
                      **{f"at_{m}_min": f"{v:.2%}" for m, v in fixed.items()},
