@@ -116,6 +116,7 @@ class System:
     max_job_minutes: float | None = None  # the longest a job may run here (see mlrepro.launch.chain)
     early_stop: Any = None  # the opt-in early stop (see mlrepro.scoring.running_verdict.early_stop_policy)
     cores: int | None = None  # CPU cores a local seed may use (None: all)
+    failures: dict = field(default_factory=dict)  # the failure model (mlrepro.plan.goodput.FailureModel.of)
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,7 @@ def load_system(root: Path, name: str) -> System:
         max_job_minutes=data.get("max_job_minutes"),
         early_stop=data.get("early_stop"),
         cores=data.get("cores"),
+        failures=dict(data["failures"]),
     )
 
 

@@ -65,8 +65,9 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     limits = chain.limits(bench.segments, system.max_job_minutes)
     save = {}
     if limits is not None:
+        # The interval set (config.yaml's, else the benchmark's) or chosen from the system's failures (Young/Daly).
         save = {"save": str(files.checkpoints),
-                "save_interval": int(overrides.get("save_interval") or megatron_launch.Run.eval_interval)}
+                "save_interval": megatron_plan.failures(p, bench, system, overrides).interval_iterations}
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(_megatron_dir(root, benchmark))}
     walltime = megatron_plan.job_minutes(p, overrides)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from mlrepro import config as mlrepro_config
 from mlrepro.util import fsutil
-from mlrepro.plan import generate, hardware, search, workloads, writer
+from mlrepro.plan import generate, goodput, hardware, search, workloads, writer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +80,33 @@ def make_plan(args: argparse.Namespace) -> search.Plan:
     return search.plan(work, facts, margin=args.margin, top=args.top)
 
 
+def expected_failures(plan: search.Plan) -> dict | None:
+    """The chosen layout's expected failures at the plan's scale (the objective includes them): a GPT of a
+    fixed global batch saving at the Young/Daly interval, a benchmark's timed run, which never saves."""
+    model, facts, best = plan.facts.failures, plan.facts, plan.best
+    if model is None:
+        return None
+    step = best.parts.step(best.ga, best.base.pp, best.base.vpp).total
+    per_step = best.steps is None
+    job = model.job(nodes=facts.nodes, gpus=facts.gpus, work_s=step * (best.steps or 1),
+                    checkpoint_bytes=goodput.checkpoint_bytes(plan.workload), progress_interval_s=step, saves=per_step)
+    e = goodput.steady(job) if per_step else goodput.expected(job)
+    return {"nodes": facts.nodes, "mtbf_hours": job.mtbf_s / 3600, "restart_s": job.restart_s,
+            "checkpoint_s": job.checkpoint_s if per_step else None,
+            "interval_minutes": e.interval_s / 60 if per_step else None,
+            "interruptions": None if per_step else e.interruptions, "effective": e.effective}
+
+
+def failures_line(f: dict) -> str:
+    head = f"failures: MTBF {f['mtbf_hours']:,.1f} h on {f['nodes']} node(s), restart {f['restart_s']:.0f} s"
+    if f["interval_minutes"] is not None:
+        return (f"{head}, a save {f['checkpoint_s']:.1f} s: checkpoint every {f['interval_minutes']:.1f} min "
+                f"(Young/Daly), expected effective training time {f['effective']:.1%} (the step times below "
+                "are divided by it in objective_s)")
+    return (f"{head}: a timed run does not save; expected {f['interruptions']:.3g} interruptions, each starting "
+            f"it over, effective training time {f['effective']:.1%} (included in objective_s)")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(args)
@@ -98,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             "figures": plan.facts.figures(),
             "best": plan.table.iloc[0].to_dict(), "plans": plan.table.to_dict(orient="records"),
             "rejected": dict(+plan.rejected), "evaluated": plan.evaluated,
-            "solve_seconds": round(plan.solve_seconds, 3),
+            "solve_seconds": round(plan.solve_seconds, 3), "failures": expected_failures(plan),
             "megatron_args": writer.megatron_args(plan) if plan.workload.writer == "megatron" else None,
             "written": str(written) if written else None,
         }, indent=2, default=str))
@@ -107,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
           f"{plan.evaluated} layouts priced in {plan.solve_seconds:.2f} s; memory limit "
           f"{plan.facts.gpu_memory_gb:.4g} GB x {plan.margin:g}, MFU {plan.facts.mfu:.3g}")
     print(f"best: {plan.layout.short()}")
+    if (failures := expected_failures(plan)) is not None:
+        print(failures_line(failures))
     print(f"(rank 1 is the simplest plan within {search.DEFAULT_TOLERANCE:.0%} of the fastest; the rest by objective:"
           " time to train for a benchmark, step time for a fixed GBS)\n")
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 120):

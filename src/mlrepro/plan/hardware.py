@@ -19,6 +19,7 @@ from pathlib import Path
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.gpus import gpu_model
+from mlrepro.plan import goodput
 
 # Plain compiled GPT-1.3B step on one H100, DESIGN.md section 8: 48.4% of 989 TFLOP/s. The
 # planner's absolute times scale with it; rankings depend on it only through compute vs comms.
@@ -49,6 +50,8 @@ class SystemFacts:
     platform: str = ""  # prefix of NVIDIA's config names (DGXB200, GB200, DGXH100)
     # figure -> where its value came from (datasheet, preflight, baseline, a command-line flag)
     sources: dict = dataclasses.field(default_factory=dict, compare=False)
+    # The system's failures (its `failures:` block); None: a machine the planner prices without them.
+    failures: goodput.FailureModel | None = dataclasses.field(default=None, compare=False)
 
     def figures(self) -> list[dict]:
         """The figures the plan rests on, each with its source (the plan's 'figures' table)."""
@@ -106,6 +109,7 @@ def datasheet(system: mlrepro_config.System) -> SystemFacts:
         platform=hw.get("platform", ""),
         sources={k: f"datasheet (config/systems/{system.name}.yaml)" for k in _REQUIRED}
         | {"mfu": f"config/systems/{system.name}.yaml" if "mfu" in hw else f"default ({DEFAULT_MFU:g}: GPT-1.3B on H100)"},
+        failures=goodput.FailureModel.of(getattr(system, "failures", None), f"config/systems/{system.name}.yaml"),
     )
 
 

@@ -22,7 +22,7 @@ import warnings
 import pandas as pd
 import pulp
 
-from mlrepro.plan import cost, memory
+from mlrepro.plan import cost, goodput, memory
 from mlrepro.plan.hardware import SystemFacts
 from mlrepro.plan.layout import Layout
 from mlrepro.plan.workloads import Workload
@@ -206,6 +206,11 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                                 fastest[key] = (objective, ga, steps)
                         for key, (_, ga, steps) in fastest.items():
                             out.append(Candidate(base, ga, mem_cache[key], parts, steps))
+    if facts.failures is not None:  # the expected failure losses at this scale, on top of the step-time estimate
+        for r in out:
+            r.objective_s = goodput.time_to_train(facts.failures, w, nodes=facts.nodes, gpus=facts.gpus,
+                                                  seconds=r.objective_s, step_s=r.objective_s / (r.steps or 1),
+                                                  per_step=r.steps is None)
     return out, rejected, priced
 
 

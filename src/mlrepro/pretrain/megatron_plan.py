@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
-from mlrepro.plan import hardware, search, workloads
+from mlrepro.launch import chain
+from mlrepro.plan import goodput, hardware, search, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch
 
@@ -251,9 +252,76 @@ def unprepared_prefix(mount: str) -> list:
     return [1.0, f"{mount}/preprocessed/{UNPREPARED}"]
 
 
-def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None, *,
-             deterministic: bool = False) -> list[str]:
-    """The plan's lines: shape, layout, memory, wall time, then the exact launch line(s) of seed `seed`."""
+class Failures(NamedTuple):
+    """A seed's expected failures: the checkpoint interval it runs with and what failures are expected to cost."""
+    saves: bool  # the benchmark has a segments: block (Megatron-LM's --save/--load)
+    interval_iterations: int  # the save interval chosen (or set); for a run that does not save, the one it would use
+    chosen_by: str
+    job: goodput.Job  # the run as it saves (or would)
+    expected: goodput.Expectation  # the run as it is: with its saves, or, without, restarted from the beginning
+    if_saved: goodput.Expectation  # the run saving at interval_iterations
+
+
+def failures(p: Planned, bench: mlrepro_config.Benchmark, system: mlrepro_config.System,
+             overrides: dict | None = None) -> Failures:
+    """The plan's expected failures on the system (mlrepro.plan.goodput): its nodes, the system's failure
+    model and the benchmark's hang rule, the checkpoint's size from the memory model's bytes per parameter,
+    and the interval: config.yaml's `pretrain: save_interval`, else the benchmark's, else Young/Daly's
+    in whole iterations of the plan's step time."""
+    overrides = overrides or {}
+    lay, step = p.layout, p.step_s
+    model = goodput.FailureModel.of(system.failures, f"config/systems/{system.name}.yaml", hang=bench.hang)
+    limits = chain.limits(bench.segments, system.max_job_minutes)
+    span = limits.job_seconds - limits.margin_seconds if limits is not None and limits.job_seconds else None
+    job = model.job(nodes=max(1, lay.gpus // p.facts.gpus_per_node), gpus=lay.gpus, work_s=step * p.iterations,
+                    checkpoint_bytes=goodput.checkpoint_bytes(workloads.gpt(p.variant.model, lay.gbs)),
+                    progress_interval_s=step * megatron_launch.Run.log_interval, job_limit_s=span)
+    given = overrides.get("save_interval") or (bench.pretrain or {}).get("save_interval")
+    if given:
+        iterations = int(given)
+        chosen_by = ("config.yaml's pretrain: save_interval" if overrides.get("save_interval")
+                     else f"config/benchmarks/{bench.name}.yaml's pretrain: save_interval")
+    else:
+        iterations = max(1, round(goodput.young_daly_interval(job) / step)) if step > 0 else 1
+        chosen_by = "Young/Daly"
+    if_saved = goodput.expected(job, iterations * step)
+    as_is = if_saved if limits is not None else goodput.expected(dataclasses.replace(job, saves=False))
+    return Failures(limits is not None, iterations, chosen_by, job, as_is, if_saved)
+
+
+def _hours(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def failures_line(p: Planned, f: Failures) -> str:
+    """The dry run's line of expected failures, next to the planned GPU-hours."""
+    job, e, minutes = f.job, f.expected, f.interval_iterations * p.step_s / 60
+    planned = p.layout.gpus * p.hours
+    head = (f"failures: MTBF {job.mtbf_s / 3600:,.1f} h on {job.nodes} node(s), restart {job.restart_s:.0f} s, "
+            f"a save {job.checkpoint_s:.1f} s")
+    if f.saves:
+        body = (f"checkpoint every {f.interval_iterations:,} iterations ({minutes:.1f} min, {f.chosen_by}); "
+                f"expected {e.interruptions:.1f} interruptions, effective training time {e.effective:.1%}")
+    else:
+        # A run that never saves starts over after each failure: beyond a few MTBFs it does not finish.
+        if e.effective < 0.01:
+            outcome = (f"the chance of no failure in {p.hours:,.0f} h is {math.exp(-job.work_s / job.mtbf_s):.2g}: "
+                       "expected never to finish")
+        else:
+            outcome = (f"expected {e.interruptions:.3g} interruptions, each restarting the run from its beginning, "
+                       f"effective training time {e.effective:.1%}")
+        body = (f"no checkpoints (no segments: block): {outcome}; saving every {f.interval_iterations:,} iterations "
+                f"({minutes:.1f} min, {f.chosen_by}) would keep {f.if_saved.effective:.1%} "
+                f"({f.if_saved.interruptions:.1f} interruptions, {_hours(f.if_saved.lost_gpu_hours)} GPU-hours lost)")
+        e = e if e.effective >= 0.01 else dataclasses.replace(e, lost_gpu_hours=math.inf)
+    lost = "all of them" if not math.isfinite(e.lost_gpu_hours) else f"{_hours(e.lost_gpu_hours)} GPU-hours"
+    return f"{head}: {body}; planned {_hours(planned)} GPU-hours, expected lost to failures {lost}"
+
+
+def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
+             expected_failures: Failures | None = None, *, deterministic: bool = False) -> list[str]:
+    """The plan's lines: shape, layout, memory, wall time, the expected failures (where given), then the
+    exact launch line(s) of seed `seed`."""
     v, lay, facts = p.variant, p.layout, p.facts
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
     # Megatron-LM's line carries the seed number (--seed): say whose line it is. The other launchers'
@@ -264,6 +332,8 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
            f"layout TP{lay.tp} PP{lay.pp} DP{lay.dp} MBS{lay.mbs} GA{lay.ga} (GBS {lay.gbs}); "
            f"{p.memory_gb:.1f} GB/GPU predicted; {p.iterations:,} iterations x {p.step_s:.3f} s = "
            f"wall time {_walltime(p.hours)}{whose}"]
+    if expected_failures is not None:
+        out.append("  " + failures_line(p, expected_failures))
     if v.launcher == "megatron-deepspeed":
         out.append(f"  ds_config.json ({v.name}.yaml): {json.dumps(ds_config(p), sort_keys=True)}")
     elif v.launcher == "megatron" and scheduler == "slurm":
@@ -290,7 +360,9 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
                    f"{UNPREPARED} stands for them below)")
     for v in ([table[variant]] if variant else table.values()):
         try:
-            out += describe(plan(v, facts), sysconf.scheduler, corpus_dir, bench.seeds[0] if seed is None else seed)
+            planned = plan(v, facts)
+            out += describe(planned, sysconf.scheduler, corpus_dir, bench.seeds[0] if seed is None else seed,
+                            expected_failures=failures(planned, bench, sysconf))
         except Refused as exc:
             refused.append(str(exc))
     return "\n".join(out), refused
@@ -334,9 +406,10 @@ def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides:
     the launch line seed_run builds for it, as mlrepro.kinds.megatron runs them."""
     overrides = overrides or {}
     p = planned or shaped(chosen(root, bench, system, overrides), overrides)
-    scheduler = mlrepro_config.load_system(root, system).scheduler
-    lines = describe(p, scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
+    sysconf = mlrepro_config.load_system(root, system)
+    lines = describe(p, sysconf.scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
                      bench.seeds[0] if seed is None else seed, overrides.get("attention"),
+                     expected_failures=failures(p, bench, sysconf, overrides),
                      deterministic=bool(overrides.get("deterministic")))
     return DryRun(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 

@@ -47,7 +47,8 @@ def _render(benchmark, system, corpus, variant=None):
 def test_plans_print_shape_layout_walltime_and_launch_line(corpus):
     text, refused = _render("gpt_13b", "dgxh100-64x8", corpus, "gpt-13b-4xdp-4xpp-4xtp")
     assert not refused
-    head, sbatch, srun = text.splitlines()
+    head, failures, sbatch, srun = text.splitlines()
+    assert failures.strip().startswith("failures: MTBF 461.5 h on 8 node(s)")  # 6.5 per 1,000 node-days
     assert head.startswith("gpt-13b-4xdp-4xpp-4xtp on dgxh100-64x8: 8 node(s) x 8 GPUs (64 x NVIDIA H100 80GB HBM3)")
     assert "layout TP4 PP4 DP4 " in head and "(GBS 1024)" in head
     first = mlrepro_config.load_benchmark(ROOT, "gpt_13b").seeds[0]  # whose line the plan shows
@@ -76,7 +77,7 @@ def test_a_plan_renders_before_the_corpus_stages_have_run(tmp_path):
     missing = tmp_path / "mini_corpus"
     text, refused = _render("gpt_126m", "dgxh100-64x8", missing, "gpt-125m")
     assert not refused
-    note, head, sbatch, srun = text.splitlines()
+    note, head, _failures, sbatch, srun = text.splitlines()
     assert str(missing / "data_prefix.json") in note and str(missing / "tokenizer" / "vocab.json") in note
     argv = shlex.split(srun)
     assert argv[argv.index("--data-path") + 2] == "/data/preprocessed/UNPREPARED"
@@ -125,7 +126,7 @@ def test_cli_exit_codes(corpus, capsys):
 
 def test_nemo_variant_renders_the_nemo_guides_command(corpus):
     text, _ = _render("gpt_8b_nemo", "dgxh100-64x8", corpus, "nemo-7b-improved-8x8")
-    head, cmd = text.splitlines()
+    head, _failures, cmd = text.splitlines()
     assert "8 node(s) x 8 GPUs" in head and "TP2 PP1 DP32" in head and "300,000 iterations" in head
     argv = cmd.split()
     assert argv[:5] == ["python3", "/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py", "stages=[training]",
@@ -142,7 +143,7 @@ def test_nemo_variant_renders_the_nemo_guides_command(corpus):
 
 def test_deepspeed_variant_renders_ds_config(corpus):
     text, _ = _render("gpt_126m_deepspeed", "dgxh100-64x8", corpus, "gpt-125m-4xdp")
-    head, ds, cmd = text.splitlines()
+    head, _failures, ds, cmd = text.splitlines()
     config = json.loads(ds.split(": ", 1)[1])
     assert ds.strip().startswith("ds_config.json (gpt-125m-4xdp.yaml)")
     assert config["train_batch_size"] == 256
