@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         print(plan.table.to_string(index=False))
         print("\nfigures the plan rests on:")
         figures = pd.DataFrame(plan.facts.figures())
-        figures["value"] = figures["value"].map(lambda v: f"{v:g}")
+        figures["value"] = figures["value"].map(lambda v: f"{v:g}" if isinstance(v, (int, float)) else str(v))
         print(figures.to_string(index=False))
         print("\nrejected:")
         print(plan.rejected_table().to_string(index=False))
