@@ -15,8 +15,8 @@ named by `SeedPaths` alone (its attempts' folders by `AttemptPaths`):
   finished.json what mllog.txt held when the seed finished (mlrepro.launch.finished)
   segments.json, checkpoints/   a chain of time-limited segments (mlrepro.launch.chain)
 
-Per system: results/plan/<system>/ (calibration.json, observed.json, trials/; mlrepro.plan.calibration
-and mlrepro.plan.trial).
+Per system: results/plan/<system>/ (calibration.json, observed.json; mlrepro.plan.calibration).
+Per benchmark, a trial of the planner's candidates: results/<benchmark>/trials/ (mlrepro.kinds.plan_trial).
 
 Per reproduction: results/<benchmark>/early_stop.json (the early stop's decision, mlrepro.scoring.early_stop)
 and results/nodes/<system>/bad_nodes.json (the nodes every later seed excludes, mlrepro.slurm.node_health).
@@ -355,10 +355,16 @@ def observed_json(root: Path, system: str) -> Path:
     return plan_dir(root, system) / "observed.json"
 
 
-def trials_dir(root: Path, system: str, name: str) -> Path:
-    """results/plan/<system>/trials/<name>/: one trial of a plan's top candidates (mlrepro.plan.trial):
-    a folder per candidate run as a seed, and trials.json, the measured against the predicted."""
-    return plan_dir(root, system) / "trials" / name
+def trials_dir(root: Path, benchmark: str) -> Path:
+    """results/<benchmark>/trials/: the trial of the plan's top candidates (mlrepro.kinds.plan_trial): a
+    seed-like folder per candidate (its attempts count in the benchmark's cost) and trials.json."""
+    return benchmark_dir(root, benchmark) / "trials"
+
+
+def trial_dirs(benchmark_folder: Path) -> dict[str, Path]:
+    """results/<benchmark>/trials/<candidate>/ folders, by candidate."""
+    folder = Path(benchmark_folder) / "trials"
+    return {p.name: p for p in sorted(folder.iterdir()) if p.is_dir()} if folder.is_dir() else {}
 
 
 def preflight_files(root: Path, system: str, benchmark: str) -> tuple[Path, Path]:
