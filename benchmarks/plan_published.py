@@ -59,7 +59,7 @@ def compare(work: workloads.Workload, cfg) -> dict:
     facts = hardware.load(ROOT, SYSTEM_OF_PLATFORM[cfg.name_shape.platform], measured=False).with_gpus(cfg.total_gpus)
     vpp = int(cfg.env.get("INTERLEAVED_PIPELINE", "1")) if cfg.pp > 1 else 1
     pinned = {"tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "dp": cfg.data_parallel, "ga": cfg.minibs, "vpp": vpp}
-    row = {"config": cfg.system, "published": f"TP{cfg.tp} PP{cfg.pp} CP{cfg.cp} DP{cfg.data_parallel} "
+    row = {"config": cfg.dgxsystem, "published": f"TP{cfg.tp} PP{cfg.pp} CP{cfg.cp} DP{cfg.data_parallel} "
                                               f"GBS {cfg.gbs}" + (f" VPP{vpp}" if vpp > 1 else "")}
     best = search.plan(work, facts, top=1)
     lay = best.layout

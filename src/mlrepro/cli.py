@@ -17,7 +17,7 @@ COMMANDS = {
     "status": ("mlrepro.status", "show each seed's state for a results/<benchmark> folder"),
     "nodes": ("mlrepro.slurm.node_health", "list the nodes a reproduction keeps out of its seeds, or clear one after repair"),
     "cluster": ("mlrepro.slurm.testcluster", "start, stop or show a local Slurm cluster on this machine"),
-    "plan": ("mlrepro.plan.cli", "choose TP/PP/CP/DP, batch and recompute for a benchmark or GPT size on a system"),
+    "plan": ("mlrepro.kinds.plan_trial", "choose TP/PP/CP/DP, batch and recompute for a benchmark or GPT size on a system"),
     "preflight": ("mlrepro.preflight.run", "check this node (versions, GPUs, topology, all_reduce, matmul) and write preflight.json"),
     "baseline": ("mlrepro.baseline.run", "measure the portable GPT probe (PyTorch only): TFLOP/s, MFU, memory vs the planner's"),
     "preprocess": ("mlrepro.corpus.preprocess", "tokenize jsonl into Megatron's .bin/.idx (preprocess_data.py's flags)"),

@@ -15,6 +15,9 @@ named by `SeedPaths` alone (its attempts' folders by `AttemptPaths`):
   finished.json what mllog.txt held when the seed finished (mlrepro.launch.finished)
   segments.json, checkpoints/   a chain of time-limited segments (mlrepro.launch.chain)
 
+Per system: results/plan/<system>/ (calibration.json, observed.json; mlrepro.plan.calibration).
+Per benchmark, a trial of the planner's candidates: results/<benchmark>/trials/ (mlrepro.kinds.plan_trial).
+
 Per reproduction: results/<benchmark>/early_stop.json (the early stop's decision, mlrepro.scoring.early_stop)
 and results/nodes/<system>/bad_nodes.json (the nodes every later seed excludes, mlrepro.slurm.node_health).
 
@@ -335,6 +338,33 @@ def baseline_dir(root: Path, system: str) -> Path:
 def baseline_json(root: Path, system: str) -> Path:
     """results/baseline/<system>/baseline.json: the probe's TFLOP/s and MFU per model on the system."""
     return baseline_dir(root, system) / "baseline.json"
+
+
+def plan_dir(root: Path, system: str) -> Path:
+    """results/plan/<system>/: what the planner learned of the system (mlrepro.plan.calibration owns it)."""
+    return Path(root) / "results" / "plan" / system
+
+
+def calibration_json(root: Path, system: str) -> Path:
+    """results/plan/<system>/calibration.json: the cost model's constants fitted on the system's measured steps."""
+    return plan_dir(root, system) / "calibration.json"
+
+
+def observed_json(root: Path, system: str) -> Path:
+    """results/plan/<system>/observed.json: each finished seed's and trial's measured step time beside its prediction."""
+    return plan_dir(root, system) / "observed.json"
+
+
+def trials_dir(root: Path, benchmark: str) -> Path:
+    """results/<benchmark>/trials/: the trial of the plan's top candidates (mlrepro.kinds.plan_trial): a
+    seed-like folder per candidate (its attempts count in the benchmark's cost) and trials.json."""
+    return benchmark_dir(root, benchmark) / "trials"
+
+
+def trial_dirs(benchmark_folder: Path) -> dict[str, Path]:
+    """results/<benchmark>/trials/<candidate>/ folders, by candidate."""
+    folder = Path(benchmark_folder) / "trials"
+    return {p.name: p for p in sorted(folder.iterdir()) if p.is_dir()} if folder.is_dir() else {}
 
 
 def preflight_files(root: Path, system: str, benchmark: str) -> tuple[Path, Path]:

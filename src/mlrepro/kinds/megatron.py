@@ -25,7 +25,7 @@ from pathlib import Path
 from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.launch import chain, job
-from mlrepro.plan import hardware
+from mlrepro.plan import calibration, hardware, models
 from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_source
 from mlrepro.scoring import megatron_log, megatron_score
 from mlrepro.scoring import rules as scoring_rules
@@ -172,6 +172,25 @@ def finish_seed(bench: mlrepro_config.Benchmark, plan: job.SeedPlan, run_log: Pa
         raise job.SeedFailed(f"seed {plan.seed}: the run's Megatron log ends at {where}; see {run_log}")
     atomic_write_text(out, run_log.read_text(errors="replace"))
     job.clear_failure(plan.seed_dir)
+
+
+def learn(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmark, plan: job.SeedPlan, log_path: Path) -> dict | None:
+    """A finished seed's measured step time kept beside the plan's prediction for its system
+    (mlrepro.plan.calibration.observe), which fits the system's constants again: the next plan starts
+    from it. Returns the observation kept (None: the log has no steady state to measure)."""
+    overrides = settings.pretrain_overrides
+    p = megatron_plan.shaped(megatron_plan.chosen(settings.root, bench, settings.system.name, overrides), overrides)
+    seq = models.model(p.variant.model).seq
+    t = megatron_score.throughput(megatron_log.parse_log(log_path), gpus=p.layout.gpus, seq_length=seq,
+                                  peak_tflops=None)
+    if not t["iter_time_s"]:
+        return None
+    facts = hardware.from_system(settings.system, settings.root)
+    obs = calibration.Observation(model=p.variant.model, layout=p.layout, measured_s=float(t["iter_time_s"]),
+                                  source=f"seed {bench.name}/{plan.seed}", attention=overrides.get("attention") or "local")
+    obs = dataclasses.replace(obs, predicted_s=round(calibration.predict(obs, facts), 4))
+    calibration.observe(settings.root, settings.system.name, obs)
+    return obs.to_json()
 
 
 def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmark, seed: int, log_path: Path,

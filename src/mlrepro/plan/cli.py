@@ -45,13 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: the current folder)")
 
 
-def resolve_benchmark(root: Path, name: str) -> workloads.Workload:
+def resolve_benchmark(root: Path, name: str, gbs: int | None = None) -> workloads.Workload:
     """An MLPerf name, or a config/benchmarks/<name>.yaml that names one."""
     if name in workloads.BENCHMARKS:
         return workloads.BENCHMARKS[name]
     path = root / "config" / "benchmarks" / f"{name}.yaml"
     if path.is_file():
-        mlperf = (mlrepro_config.load_yaml(path) or {}).get("mlperf_benchmark")
+        record = mlrepro_config.load_yaml(path) or {}
+        if record.get("pretrain"):  # a GPT pretraining benchmark: its model at its global batch (or --gbs)
+            return workloads.gpt(record["pretrain"]["model"], gbs or record["pretrain"].get("gbs"))
+        mlperf = record.get("mlperf_benchmark")
         if mlperf in workloads.BENCHMARKS:
             return workloads.BENCHMARKS[mlperf]
         raise search.PlanError(f"{path}: mlperf_benchmark is {mlperf!r}; the planner has rules for "
@@ -66,12 +69,12 @@ def make_plan(args: argparse.Namespace) -> search.Plan:
     if args.gpus:
         facts = facts.with_gpus(args.gpus)
     if args.benchmark:
-        if args.gbs:
+        work = resolve_benchmark(args.root, args.benchmark, args.gbs)
+        if args.gbs and not work.fixed_gbs:
             raise search.PlanError("--gbs applies to --model; a benchmark's GBS follows its rule (MINIBS x DP)")
         if args.dropout:
             raise search.PlanError("--dropout applies to --model (a GPT size); a benchmark is planned as its "
                                    "workload in mlrepro/plan/workloads.py describes it")
-        work = resolve_benchmark(args.root, args.benchmark)
     else:
         try:
             work = workloads.gpt(args.model, args.gbs, dropout=args.dropout)
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         print(plan.table.to_string(index=False))
         print("\nfigures the plan rests on:")
         figures = pd.DataFrame(plan.facts.figures())
-        figures["value"] = figures["value"].map(lambda v: f"{v:g}")
+        figures["value"] = figures["value"].map(lambda v: f"{v:g}" if isinstance(v, (int, float)) else str(v))
         print(figures.to_string(index=False))
         print("\nrejected:")
         print(plan.rejected_table().to_string(index=False))

@@ -5,7 +5,10 @@ Measured figures (formats: BRIEF/DESIGN "shared record formats"):
 - results/baseline/<system>/baseline.json: the compute rate, as the MFU a training step reached
   (the largest model's run: the planned models are larger still);
 - results/preflight/<system>/preflight.json: the bf16 matmul TFLOP/s (the compute rate when no
-  baseline ran), the all-reduce bus bandwidth inside a node and the GPU memory.
+  baseline ran), the all-reduce bus bandwidth inside a node (the plateau, and the sweep by message
+  size: `curves`), the device copy rate, the GEMM sweep (mlrepro.preflight.gemm) and the GPU memory;
+- results/plan/<system>/calibration.json: the constants mlrepro.plan.calibration fitted on the
+  system's measured steps (`tuning`), used when they were fitted on the same basis (sweep or MFU).
 The network bandwidth across nodes is the datasheet's: preflight measures inside one host.
 MFU is always counted against the datasheet peak, as the baseline checklist and MLPerf count it.
 """
@@ -20,6 +23,7 @@ from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.gpus import gpu_model
 from mlrepro.plan import goodput
+from mlrepro.plan.cost import Curves, Tuning
 
 # Plain compiled GPT-1.3B step on one H100, DESIGN.md section 8: 48.4% of 989 TFLOP/s. The
 # planner's absolute times scale with it; rankings depend on it only through compute vs comms.
@@ -48,6 +52,8 @@ class SystemFacts:
     network_busbw_gbs: float  # all-reduce bus bandwidth across domains, per GPU
     mfu: float = DEFAULT_MFU
     platform: str = ""  # prefix of NVIDIA's config names (DGXB200, GB200, DGXH100)
+    curves: Curves | None = dataclasses.field(default=None, compare=False)  # rates measured by size
+    tuning: Tuning | None = dataclasses.field(default=None, compare=False)  # constants fitted on measured steps
     # figure -> where its value came from (datasheet, preflight, baseline, a command-line flag)
     sources: dict = dataclasses.field(default_factory=dict, compare=False)
     # The system's failures (its `failures:` block); None: a machine the planner prices without them.
@@ -58,11 +64,31 @@ class SystemFacts:
         values = {"gpu_memory_gb": self.gpu_memory_gb, "peak_tflops_bf16": self.peak_tflops, "mfu": self.mfu,
                   "nvlink_domain_gpus": self.nvlink_domain, "nvlink_busbw_gbs": self.nvlink_busbw_gbs,
                   "network_busbw_gbs": self.network_busbw_gbs}
-        return [{"figure": k, "value": round(v, 4) if isinstance(v, float) else v,
+        rows = [{"figure": k, "value": round(v, 4) if isinstance(v, float) else v,
                  "source": self.sources.get(k, "datasheet")} for k, v in values.items()]
+        c = self.curves or Curves()
+        rows.append({"figure": "gemm_rates", "value": len(c.gemm) or "default",
+                     "source": c.gemm_source or "default (peak x MFU, small GEMMs costed by "
+                                                "cost.default_gemm_shape: no GEMM sweep)"})
+        rows.append({"figure": "allreduce_by_size", "value": len(c.allreduce) or "default",
+                     "source": c.allreduce_source or "default (one bus bandwidth for every message size)"})
+        rows += [{**r, "value": round(r["value"], 6) if isinstance(r["value"], float) else r["value"]}
+                 for r in (self.tuning or Tuning()).figures()]
+        return rows
+
+    @property
+    def step_share_of_matmul(self) -> float:
+        return STEP_SHARE_OF_MATMUL
+
+    def with_tuning(self, tuning: Tuning | None) -> "SystemFacts":
+        return dataclasses.replace(self, tuning=tuning)
 
     def with_mfu(self, mfu: float, source: str) -> "SystemFacts":
-        return dataclasses.replace(self, mfu=mfu, sources={**self.sources, "mfu": source})
+        """An MFU given by hand prices compute at peak x MFU: the GEMM sweep and a fit on it are set aside."""
+        curves = dataclasses.replace(self.curves or Curves(), gemm=(), gemm_source="")
+        tuning = self.tuning if self.tuning and self.tuning.basis == "mfu" else None
+        return dataclasses.replace(self, mfu=mfu, sources={**self.sources, "mfu": source}, curves=curves,
+                                   tuning=tuning)
 
     @property
     def gpus(self) -> int:
@@ -88,8 +114,22 @@ def from_system(system: mlrepro_config.System, root: str | Path | None = None) -
     if root is None:
         return facts
     # An absent or unreadable record leaves the datasheet's figures in place.
-    return with_measured(facts, paths.read_json_if_exists(paths.preflight_json(root, system.name)),
-                         paths.read_json_if_exists(paths.baseline_json(root, system.name)))
+    facts = with_measured(facts, paths.read_json_if_exists(paths.preflight_json(root, system.name)),
+                          paths.read_json_if_exists(paths.baseline_json(root, system.name)))
+    return with_calibration(facts, paths.read_json_if_exists(paths.calibration_json(root, system.name)))
+
+
+def basis(facts: SystemFacts) -> str:
+    """What the compute rate rests on: the GEMM sweep, or peak x MFU."""
+    return "sweep" if facts.curves and facts.curves.gemm else "mfu"
+
+
+def with_calibration(facts: SystemFacts, record: dict | None) -> SystemFacts:
+    """`facts` with the constants of calibration.json, when they were fitted on the basis these facts have."""
+    tuning = Tuning.from_json((record or {}).get("tuning"))
+    if tuning is None or tuning.basis != basis(facts):
+        return facts
+    return facts.with_tuning(tuning)
 
 
 def datasheet(system: mlrepro_config.System) -> SystemFacts:
@@ -175,7 +215,40 @@ def with_measured(facts: SystemFacts, preflight: dict | None, baseline: dict | N
     elif matmul:
         changes["mfu"] = matmul * STEP_SHARE_OF_MATMUL / facts.peak_tflops
         sources["mfu"] = f"preflight (bf16 matmul {matmul:g} TFLOP/s x {STEP_SHARE_OF_MATMUL:.3f}; {where})"
+    if preflight:
+        changes["curves"] = curves_of(preflight, where)
     return dataclasses.replace(facts, **changes, sources=sources)
+
+
+def curves_of(preflight: dict, where: Path | str = "preflight.json") -> Curves:
+    """The rates preflight measured by size: its all_reduce sweep (the median over hosts at each size),
+    the device copy rate (the slowest GPU's) and its GEMM sweep (mlrepro.preflight.gemm: `gemm.rows`)."""
+    by_size: dict[float, list[float]] = {}
+    copies = []
+    for host in preflight.get("hosts") or []:
+        for a in host.get("allreduce") or []:
+            size, bw = _number(a.get("bytes")), _number(a.get("busbw_gbps"))
+            if size and bw:
+                by_size.setdefault(size, []).append(bw)
+        copies += [c for g in host.get("gpus") or [] if (c := _number(g.get("copy_tbps")))]
+    allreduce = tuple((size, statistics.median(v)) for size, v in sorted(by_size.items()))
+    gemm = gemm_rows((preflight.get("gemm") or {}).get("rows"))
+    return Curves(gemm=gemm, allreduce=allreduce, copy_tbps=min(copies) if copies else None,
+                  gemm_source=f"GEMM sweep, {len(gemm)} shapes ({where})" if gemm else "",
+                  allreduce_source=f"preflight all_reduce sweep, {len(allreduce)} sizes ({where})" if allreduce else "")
+
+
+def gemm_rows(rows) -> tuple:
+    """(m, n, k, TFLOP/s) of a GEMM sweep's rows (mlrepro.preflight.gemm's record), the measured ones."""
+    out = []
+    for r in rows or []:
+        if not isinstance(r, dict):
+            continue
+        dims = [r.get(k) for k in ("m", "n", "k")]
+        rate = _number(r.get("tflops"))
+        if rate and all(isinstance(d, int) and d > 0 for d in dims):
+            out.append((*dims, rate))
+    return tuple(out)
 
 
 # A100 SXM (NVIDIA A100 datasheet, mlrepro.gpus: 40 or 80 GB HBM2/HBM2e, 312 TFLOP/s dense BF16,

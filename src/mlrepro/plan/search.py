@@ -183,7 +183,6 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                         base = Layout(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, ga=1, sp=sp, recompute=rc, vpp=vpp,
                                       fp8_act=f8)
                         parts = cost.microbatch(w, base, facts, mfu)
-                        per_mb = parts.compute + parts.tp_comm + parts.cp_comm + parts.pp_comm
                         mem_cache: dict[int, memory.Memory] = {}
                         # Memory depends on GA only through min(PP, GA): within one such class only
                         # the fastest GA can be chosen, so only it becomes a candidate.
@@ -200,7 +199,7 @@ def candidates(w: Workload, facts: SystemFacts, margin: float, mfu: float | None
                             gbs = mbs * ga * dp
                             samples = w.samples_to_converge(gbs)
                             steps = math.ceil(samples / gbs) if samples is not None else None
-                            step = (ga + (pp - 1) / vpp) * per_mb + parts.dp_comm
+                            step = parts.step_seconds(ga, pp, vpp)
                             objective = step * steps if steps is not None else step
                             if key not in fastest or objective < fastest[key][0]:
                                 fastest[key] = (objective, ga, steps)

@@ -36,6 +36,9 @@ class Training:
     # Share of TP communication hidden behind GEMMs (Transformer Engine's userbuffers overlap,
     # which NVIDIA's configs turn on: TP_COMM_OVERLAP, MC_TP_OVERLAP_AG/RS). Plain Megatron: 0.
     tp_comm_overlap: float = 0.0
+    # The DP gradient reduce runs during the backward pass (Megatron's --overlap-grad-reduce, which
+    # mlrepro.pretrain.megatron_launch passes whenever DP > 1; NVIDIA's configs are priced without it).
+    overlap_grad_reduce: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,5 +127,6 @@ def gpt(size: str, gbs: int | None = None, *, flash_attention: bool = True, drop
     shape = models.model(name)
     if gbs is None:
         gbs = models.GPT_PAPER_GBS[shape.name]
-    training = Training(dropout=dropout, flash_attention=flash_attention, distributed_optimizer=distributed_optimizer)
+    training = Training(dropout=dropout, flash_attention=flash_attention, distributed_optimizer=distributed_optimizer,
+                        overlap_grad_reduce=True)
     return Workload(name=shape.name, model=shape, training=training, gbs=gbs)

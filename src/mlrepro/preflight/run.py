@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mlrepro import config, paths
 from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
-from mlrepro.preflight import NA, collectives, compute, gpus, report, topology, verdict, versions
+from mlrepro.preflight import NA, collectives, compute, gemm, gpus, report, topology, verdict, versions
 
 log = logging.getLogger("mlrepro.preflight")
 
@@ -100,8 +100,13 @@ def preflight(system: str, settings: dict, expected_gpus: int | None, out_dir: P
         host = host_record(settings, expected_gpus, Path(work), raw_dir=out_dir / "raw", quick=quick)
     host["checks"] = versions.compatibility(v) + host["checks"]
     host["verdict"] = verdict.host_verdict(host)
-    doc = {"system": system, "hosts": [host], "versions": v, "summary": summary([host]),
-           "seconds": round(time.monotonic() - t0, 1)}
+    doc = {"system": system, "hosts": [host], "versions": v, "summary": summary([host])}
+    # The GEMM rates the planner prices a layout's shapes at (mlrepro.plan.cost); a quick check has no time for it.
+    healthy = [g for g in host["gpus"] if g.get("verdict") != "fail"]
+    doc["gemm"] = (gemm.sweep(healthy[0]["index"]) if healthy and not quick
+                   else {"skipped": "skipped: quick check" if quick else gemm.why_not() or "skipped: no healthy GPU",
+                         "rows": []})
+    doc["seconds"] = round(time.monotonic() - t0, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "preflight.json", doc)
     atomic_write_text(out_dir / "env_checklist.md", report.checklist(doc))

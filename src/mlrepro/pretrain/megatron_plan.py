@@ -348,7 +348,7 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     """The plans of a benchmark's layouts on a system, with the launch lines of `seed` (the
     benchmark's first seed by default), and the refusals (each naming why)."""
     sysconf = mlrepro_config.load_system(root, system)
-    facts = hardware.from_system(sysconf)
+    facts = hardware.from_system(sysconf, root)
     bench = mlrepro_config.load_benchmark(root, benchmark)
     table = variants(bench)
     if variant and variant not in table:
@@ -377,7 +377,7 @@ class DryRun(NamedTuple):
 def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Planned:
     """The benchmark's first layout that fits the system; Refused (naming every layout's reason) when
     none fits, so the DAG stops before any job."""
-    facts = hardware.from_system(mlrepro_config.load_system(root, system))
+    facts = hardware.from_system(mlrepro_config.load_system(root, system), root)
     reasons = []
     for v in variants(bench).values():
         try:
@@ -396,7 +396,7 @@ def chosen(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: 
     table = variants(bench)
     if name not in table:
         raise Refused(f"pretrain: layout {name!r}: {bench.name} has no such layout; it has {', '.join(table)}")
-    return plan(table[name], hardware.from_system(mlrepro_config.load_system(root, system)))
+    return plan(table[name], hardware.from_system(mlrepro_config.load_system(root, system), root))
 
 
 def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,

@@ -170,7 +170,13 @@ def benchmark_cost(benchmark_folder: Path, gpus_per_node: int, plan: dict | None
         files = SeedPaths(folder)
         per_seed[seed] = {**seed_cost(seed_attempts(folder, gpus_per_node, now)),
                           "done": files.mllog.exists(), "stopped": files.stopped.exists()}
-    return {**total(per_seed.values()), "seeds": {str(k): v for k, v in per_seed.items()}, "planned": plan}
+    out = {**total(per_seed.values()), "seeds": {str(k): v for k, v in per_seed.items()}, "planned": plan}
+    # The trial of the planner's candidates (mlrepro.kinds.plan_trial) ran for this benchmark: it counts.
+    trials = {name: seed_cost(seed_attempts(folder, gpus_per_node, now))
+              for name, folder in paths.trial_dirs(Path(benchmark_folder)).items()}
+    if trials:
+        out |= {**total([*per_seed.values(), *trials.values()]), "trials": trials}
+    return out
 
 
 def total(costs: Iterable[dict]) -> dict:

@@ -53,7 +53,23 @@ def train_seed(settings, benchmark: str, seed: int, out: Path, log_path: Path) -
                                     cancelled=True)
             return
     finished.record(plan.seed_dir, out)
+    _learn(settings, bench, kind, plan, out)
     _look_at_the_outcome(settings, bench, plan)
+
+
+def _learn(settings, bench, kind, plan: job.SeedPlan, out: Path) -> None:
+    """A kind that plans its own layout keeps the seed's measured step beside the plan's prediction
+    (kinds.megatron.learn: the next plan for this system starts from it). Never fails the seed."""
+    if not hasattr(kind, "learn"):
+        return
+    try:
+        kept = kind.learn(settings, bench, plan, out)
+    except Exception as exc:  # the seed's result stands whatever the look at it does
+        log.warning("%s seed %d: step time not kept for the planner: %s", bench.name, plan.seed, exc)
+        return
+    if kept:
+        log.info("%s seed %d: measured %.4f s per step, the plan predicted %s s (kept for %s)", bench.name,
+                 plan.seed, kept["measured_s"], kept["predicted_s"], settings.system.name)
 
 
 def _look_at_the_outcome(settings, bench, plan: job.SeedPlan) -> None:

@@ -188,6 +188,11 @@ def test_gpt_seed_through_the_workflow_from_the_corpus_stages(tmp_path):
     assert run["throughput"]["tokens_per_s"] > 0
     score = json.loads((ws / "results/gpt_126m/score.json").read_text())
     assert score["runs_failed"] + score["runs_counted"] == 1
+    # learn from every run: the seed's measured step kept beside the plan's prediction, the fit redone
+    kept = json.loads((ws / "results/plan/cpu-h100/observed.json").read_text())["rows"]
+    assert [k["source"] for k in kept] == ["seed gpt_126m/1"] and kept[0]["measured_s"] > 0 < kept[0]["predicted_s"]
+    assert (kept[0]["mbs"], kept[0]["gbs"]) == (2, 4)
+    assert json.loads((ws / "results/plan/cpu-h100/calibration.json").read_text())["rows"][0]["measured_s"] > 0
 
 
 @pytest.mark.slow

@@ -205,7 +205,8 @@ def test_a_seeds_plan_is_shaped_by_the_workflow_overrides(corpus):
     bench = mlrepro_config.load_benchmark(ROOT, "gpt_126m")
     default = megatron_plan.dry_run(ROOT, bench, "device-h100", corpus_dir=corpus)
     short = megatron_plan.dry_run(ROOT, bench, "device-h100", {"train_iters": 30, "gbs": 4, "mbs": 2}, corpus)
-    assert "MBS1 GA256 (GBS 256)" in default.describe and "MBS2 GA2 (GBS 4)" in short.describe
+    # the planner prices a micro-batch of 1 below a GEMM of 8 (cost.default_gemm_shape): MBS8 for GPT-126M
+    assert "MBS8 GA32 (GBS 256)" in default.describe and "MBS2 GA2 (GBS 4)" in short.describe
     assert " 30 iterations x " in short.describe and short.walltime_minutes < default.walltime_minutes
     assert megatron_plan.dry_run(ROOT, bench, "device-h100", {"walltime_minutes": 7}, corpus).walltime_minutes == 7
     with pytest.raises(mlrepro_config.ConfigError, match="gbs 5 is not a multiple of mbs 2"):
