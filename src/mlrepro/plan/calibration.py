@@ -8,7 +8,10 @@ measurement gives is fitted on whole training steps of the same system (`cost.Tu
 - chunk_overhead_s: the pipeline's cost per micro-batch per virtual stage (p2p waits, launches);
 - elementwise_passes: memory-bound passes per layer and micro-batch (norms, residuals, GeLU, dropout),
   which TP without sequence parallelism repeats on every rank;
-- step_overhead_s: a fixed cost per step (what the terms miss: synchronisation, launches).
+- step_overhead_s: a fixed cost per step (what the terms miss: synchronisation, launches);
+- launch_per_layer_s: the host's time to launch one layer's kernels of a micro-batch (forward and
+  backward), which the GPU's work hides only when it is longer: what makes a micro-batch of 1 cost
+  nearly what one of 4 costs on a small model.
 
 A constant is fitted only where the rows can tell it apart (PP rows for the pipeline's, TP rows for
 the memory-bound one, five rows or more for the fixed one; never more constants than rows less one);
@@ -36,9 +39,10 @@ from mlrepro.plan.layout import Layout
 from mlrepro.util.fsutil import atomic_write_json
 
 # Starting points and bounds of the fit (seconds, passes); the starting points are not defaults.
-START = {"compute_scale": None, "chunk_overhead_s": 1e-3, "elementwise_passes": 20.0, "step_overhead_s": 5e-3}
+START = {"compute_scale": None, "chunk_overhead_s": 1e-3, "elementwise_passes": 20.0, "step_overhead_s": 5e-3,
+         "launch_per_layer_s": 1e-3}
 BOUNDS = {"compute_scale": (0.05, 3.0), "chunk_overhead_s": (0.0, 0.1), "elementwise_passes": (0.0, 1000.0),
-          "step_overhead_s": (0.0, 2.0)}
+          "step_overhead_s": (0.0, 2.0), "launch_per_layer_s": (0.0, 0.05)}
 OBSERVED_KEEP = 200  # the newest observations kept per system
 
 
@@ -117,6 +121,8 @@ def free_constants(rows: list[Observation]) -> list[str]:
     keys = ["compute_scale"]
     if any(o.layout.pp > 1 for o in rows) and any(o.layout.pp == 1 for o in rows):
         keys.append("chunk_overhead_s")
+    if len({o.layout.mbs for o in rows}) > 1:
+        keys.append("launch_per_layer_s")
     if any(o.layout.tp > 1 for o in rows) and any(o.layout.tp == 1 for o in rows):
         keys.append("elementwise_passes")
     if len(rows) >= 5:
@@ -223,8 +229,7 @@ def table_markdown(record: dict) -> str:
                      + ("n/a" if loo is None else f"{loo:+.1f}%") + " |")
     t = record["tuning"]
     lines.append("")
-    lines.append("constants: " + ", ".join(f"{k} = {t[k]:.4g}" for k in ("compute_scale", "chunk_overhead_s",
-                                                                           "elementwise_passes", "step_overhead_s")
+    lines.append("constants: " + ", ".join(f"{k} = {t[k]:.4g}" for k in cost.Tuning.DEFAULTS
                                            if t.get(k) is not None)
                  + f" (basis: {record['basis']}; the others at their defaults)")
     return "\n".join(lines)

@@ -52,6 +52,10 @@ DP_BUCKET_PARAMS = 40_000_000
 OPTIMIZER_BYTES_PER_PARAM = 30
 # Device copy rate when preflight measured none: DESIGN.md section 8's H100 (2.98 TB/s), the slower one.
 DEFAULT_COPY_TBPS = 2.98
+# How the host's kernel launches and the GPU's work combine per micro-batch: (gpu^p + launch^p)^(1/p). A
+# plain max (p -> inf) misses that both are paced by the same stream where they are close; p = 4 fits the
+# 2x H200 sweep's MBS 1-8 rows of GPT-126M and GPT-1.3B (docs/measurements/planner/h200x2_sweep).
+LAUNCH_OVERLAP_P = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,17 +110,20 @@ class Tuning:
     elementwise_passes: float | None = None  # bf16 passes over b*s*h per layer and micro-batch, fwd+bwd
     chunk_overhead_s: float | None = None  # per micro-batch per virtual pipeline stage (PP > 1)
     step_overhead_s: float | None = None  # per step: launch, synchronisation, what the terms miss
+    launch_per_layer_s: float | None = None  # the host's launches per layer and micro-batch (fwd+bwd)
     source: str = ""  # where the fitted values come from
     basis: str = ""  # the rate compute_scale multiplies: "sweep" (GEMM sweep) or "mfu" (peak x MFU)
 
     # The defaults fold what is not itemized into the rate: an MFU measured on whole steps already
     # holds memory-bound work and overheads, and preflight's matmul rate becomes a step's rate at
     # STEP_SHARE_OF_MATMUL (mlrepro.plan.hardware; GPT-1.3B on H100: 0.704).
-    DEFAULTS = {"compute_scale": None, "elementwise_passes": 0.0, "chunk_overhead_s": 0.0, "step_overhead_s": 0.0}
+    DEFAULTS = {"compute_scale": None, "elementwise_passes": 0.0, "chunk_overhead_s": 0.0, "step_overhead_s": 0.0,
+                "launch_per_layer_s": 0.0}
     WHY = {"compute_scale": "1 with peak x MFU; 0.704 of the GEMM sweep's rate (the H100 step/matmul share)",
            "elementwise_passes": "0: folded into the compute rate",
            "chunk_overhead_s": "0: none assumed",
-           "step_overhead_s": "0: none assumed"}
+           "step_overhead_s": "0: none assumed",
+           "launch_per_layer_s": "0: the GPU's work assumed to hide the host's launches"}
 
     @property
     def fitted(self) -> bool:
@@ -128,8 +135,7 @@ class Tuning:
         return self.DEFAULTS[key] if v is None else v
 
     def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in ("compute_scale", "elementwise_passes", "chunk_overhead_s",
-                                              "step_overhead_s", "source", "basis")}
+        return {k: getattr(self, k) for k in (*self.DEFAULTS, "source", "basis")}
 
     @classmethod
     def from_json(cls, record: dict | None) -> "Tuning | None":
@@ -137,7 +143,7 @@ class Tuning:
             return None
         try:
             values = {k: (None if record.get(k) is None else float(record[k]))
-                      for k in ("compute_scale", "elementwise_passes", "chunk_overhead_s", "step_overhead_s")}
+                      for k in cls.DEFAULTS}
         except (TypeError, ValueError):
             return None
         return cls(**values, source=str(record.get("source") or ""), basis=str(record.get("basis") or ""))
@@ -234,10 +240,23 @@ class MicroBatch:
     dp_comm: float  # exposed DP reduce per step
     overhead: float = 0.0  # per micro-batch slot: the pipeline's per-stage cost
     per_step_other: float = 0.0  # optimizer step and fixed cost per step
+    launch: float = 0.0  # the host's time to launch a micro-batch's kernels on this stage
+
+    @property
+    def gpu(self) -> float:
+        return self.compute + self.tp_comm + self.cp_comm + self.pp_comm
+
+    @property
+    def launch_excess(self) -> float:
+        """What the host's launches add to a micro-batch: a smooth maximum of the GPU's work and the launches
+        (LAUNCH_OVERLAP_P), so neither hides the other entirely where they are close."""
+        if self.launch <= 0:
+            return 0.0
+        return (self.gpu ** LAUNCH_OVERLAP_P + self.launch ** LAUNCH_OVERLAP_P) ** (1 / LAUNCH_OVERLAP_P) - self.gpu
 
     @property
     def per_mb(self) -> float:
-        return self.compute + self.tp_comm + self.cp_comm + self.pp_comm + self.overhead
+        return self.gpu + self.launch_excess + self.overhead
 
     def step_seconds(self, ga: int, pp: int, vpp: int) -> float:
         return (ga + (pp - 1) / vpp) * self.per_mb + self.dp_comm + self.per_step_other
@@ -246,7 +265,7 @@ class MicroBatch:
         slots = ga + (pp - 1) / vpp
         return StepTime(compute=slots * self.compute, tp_comm=slots * self.tp_comm, cp_comm=slots * self.cp_comm,
                         pp_comm=slots * self.pp_comm, dp_comm=self.dp_comm, bubble=(pp - 1) / vpp / slots,
-                        other=slots * self.overhead + self.per_step_other)
+                        other=slots * (self.overhead + self.launch_excess) + self.per_step_other)
 
 
 def rates(facts) -> tuple[float, float, str]:
@@ -312,6 +331,10 @@ def microbatch(w: Workload, lay: Layout, facts, mfu: float | None = None) -> Mic
         act = tokens * m.hidden * 2 / (lay.tp if lay.sp else 1)
         pp_mb = 2 * lay.vpp * act / _busbw(facts, lay.tp * lay.cp * lay.dp * 2, act)
         overhead = lay.vpp * tuning.value("chunk_overhead_s")
+    # The host launches every kernel of a micro-batch's forward and backward: a fixed time per layer, which
+    # the GPU's work hides only when it is longer (2x H200, Megatron-LM's local implementation: about 3.7 ms
+    # a layer, so GPT-126M at DP2 takes 0.362 s at MBS1 GA8 against 0.076 s at MBS8 GA1).
+    launch = layers * tuning.value("launch_per_layer_s")
     # DP (with CP: gradients are reduced over both), once per step, in fp32, bucket by bucket.
     _, trainable = memory.stage_params(w, lay)
     group = lay.dp * lay.cp
@@ -327,7 +350,7 @@ def microbatch(w: Workload, lay: Layout, facts, mfu: float | None = None) -> Mic
         owned = trainable / (group if w.training.distributed_optimizer else 1)
         other += owned * OPTIMIZER_BYTES_PER_PARAM / copy
     return MicroBatch(compute=t_mb, tp_comm=tp_mb, cp_comm=cp_mb, pp_comm=pp_mb, dp_comm=dp, overhead=overhead,
-                      per_step_other=other)
+                      per_step_other=other, launch=launch)
 
 
 def estimate(w: Workload, lay: Layout, facts, mfu: float | None = None) -> StepTime:
