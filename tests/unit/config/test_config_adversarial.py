@@ -170,7 +170,7 @@ def _a_config_the_implementation_lacks(ws):
     (_image_without_runtime, ["mini_lora names the image", "config/systems/local.yaml: container_images.mini_lora",
                               "container_runtime"]),
     (_a_system_it_cannot_run_on, ["mini_lora cannot run on system 'local'", "scheduler"]),
-    (_a_config_the_implementation_lacks, ["config_NOPE_1x2.sh"]),
+    (_a_config_the_implementation_lacks, ["config_NOPE_1x2.sh", "config/systems/local.yaml: implementation_configs.mini_lora"]),
 ])
 def test_a_benchmark_the_system_cannot_run_stops_the_dry_run_with_one_message(tmp_path, corrupt, words):
     """Found by the input functions, these came wrapped in InputFunctionException with common.smk's frames:
