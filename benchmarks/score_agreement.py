@@ -13,7 +13,7 @@ For a results repository (e.g. mlcommons/training_results_v4.0: the folder holdi
                results/<system>/<benchmark> folder, in this process (the CLI's own entry point).
 
 A folder matches when both have no score, or the times to train differ by at most --tolerance minutes
-(0.001). Prints one table per round: matched/total per benchmark for both modes, then every folder
+(default 0: the same number, as both multiply the same olympic mean by the same factor). Prints one table per round: matched/total per benchmark for both modes, then every folder
 that differs and why. The summarizer's tables are kept in --cache (it is the slow part): a second run
 reuses them. Exit status 0 when every folder matches in every mode asked for.
 """
@@ -198,6 +198,12 @@ def compare(keys, official_rows, mode_rows, tol) -> dict:
     return out
 
 
+def _largest(cmp: dict) -> float:
+    gaps = [abs(float(mine) - float(theirs)) for _, mine, theirs, _ in cmp.values()
+            if mine is not None and theirs is not None]
+    return max(gaps, default=0.0)
+
+
 def _ruleset_of(root: Path) -> str:
     m = re.search(r"v?(\d+)\.(\d+)", root.resolve().name)
     if not m:
@@ -212,7 +218,7 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "mlrepro-score-agreement",
                     help="where the summarizer's tables are kept between runs")
     ap.add_argument("--modes", default="folder,tree", help="comma-separated: folder, tree (engine: the engine alone)")
-    ap.add_argument("--tolerance", type=float, default=0.001, help="minutes")
+    ap.add_argument("--tolerance", type=float, default=0.0, help="minutes (default 0: exact)")
     ap.add_argument("--json", type=Path, help="write every folder's three numbers to this file")
     ap.add_argument("--show", type=int, default=40, help="differing folders listed per mode")
     args = ap.parse_args()
@@ -257,6 +263,8 @@ def main() -> int:
                 cells.append(f"{s}/{n}")
             print(f"{b:<22}" + "".join(f"{c:>14}" for c in cells))
         print(f"{'all':<22}" + "".join(f"{f'{s}/{n}':>14}" for s, n in totals.values()))
+        print("largest difference where both score: " + ", ".join(f"{m} mode {_largest(cmp):.3g} min"
+                                                                    for m, cmp in same.items()))
         timing = [f"summarizer {t_official:.1f} s (per submitter, as cached)"]
         timing += [f"{m} mode {seconds[m]:.1f} s" for m in seconds]
         print("seconds: " + ", ".join(timing))
@@ -269,7 +277,7 @@ def main() -> int:
                 print(f"  ... and {len(bad) - args.show} more in {m} mode")
             ok = ok and not bad
         everything[str(root)] = {"ruleset": ruleset, "notes": notes, "seconds": {"official": t_official, **seconds},
-                                 "folders": [{"folder": "/".join(k), "official": ref.get(k),
+                                 "folders": [{"path": "/".join(k), "official": ref.get(k),
                                               **{m: results[m].get(k) for m in results}} for k in keys]}
     if args.json:
         args.json.write_text(json.dumps(everything, indent=1, default=str))

@@ -41,6 +41,20 @@ def config_error(error):
     return WorkflowError(f"mlrepro configuration error:\n{error}")
 
 
+def planning_error(error):
+    """What an input function raises for a config error it finds (a benchmark the system cannot run).
+
+    Snakemake wraps whatever an input function raises in InputFunctionException, with common.smk's
+    stack frames under the message. While the DAG is still being built (no scheduler yet, no job
+    started, in the dry run too) the run stops with the message alone, as a parse-time error does.
+    Once jobs run (an implementation fetched by the checkpoint showing a config it lacks), Snakemake
+    must still cancel them: there the error goes through it as before.
+    """
+    if workflow.scheduler is None:
+        raise SystemExit(f"mlrepro configuration error:\n{error}")
+    return config_error(error)
+
+
 # Validation happens at parse time, so a bad key stops `snakemake` (and `-n`) before any job.
 try:
     SETTINGS = mlrepro_config.load(config, workflow.basedir)
@@ -68,9 +82,11 @@ def bench(name):
     try:
         key = (name, mlrepro_systems.implementation_known(SETTINGS.root, SETTINGS.benchmark(name)))
         if key not in _CHECKED:
-            _CHECKED[key] = mlrepro_systems.check(SETTINGS, name)
+            checked = mlrepro_systems.check(SETTINGS, name)
+            mlrepro_config.prebuilt_image(checked, SYSTEM)  # read by the container and seed rules
+            _CHECKED[key] = checked
     except mlrepro_config.ConfigError as error:
-        raise config_error(error) from None
+        raise planning_error(error) from None
     return _CHECKED[key]
 
 

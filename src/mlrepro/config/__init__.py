@@ -402,6 +402,9 @@ def prebuilt_image(bench: Benchmark, system: System) -> str | None:
     benchmark's container_image), or None: the implementation's Dockerfile is built."""
     image = system.container_images.get(bench.name) or bench.container_image
     if image and system.container_runtime == "none":
-        raise ConfigError(f"{bench.name} names the image {image!r}, but system {system.name} has container_runtime "
-                          f"none (seeds run on the host): set container_runtime enroot or podman, or drop the image")
+        where = (f"config/systems/{system.name}.yaml: container_images.{bench.name}" if system.container_images.get(bench.name)
+                 else f"config/benchmarks/{bench.name}.yaml: container_image")
+        raise ConfigError(f"{bench.name} names the image {image!r} ({where}), but system {system.name} has "
+                          f"container_runtime none (seeds run on the host): set container_runtime enroot or podman "
+                          f"in config/systems/{system.name}.yaml, or drop the image")
     return image

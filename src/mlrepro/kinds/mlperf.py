@@ -34,7 +34,10 @@ def implementation_config(bench: Benchmark, system: System):
     try:
         return _pick_config(bench.implementation_dir, system.nodes, system.gpus_per_node, requested)
     except implementation.ImplementationError as exc:
-        if requested or not _plannable(bench):
+        if requested:
+            raise ConfigError(f"{bench.name} on system {system.name} (config/systems/{system.name}.yaml: "
+                              f"implementation_configs.{bench.name}): {exc}") from None
+        if not _plannable(bench):
             raise ConfigError(f"{bench.name} on system {system.name}: {exc}") from None
         unfit = exc
     # No published config fits: the planner writes one for this system, which then fits exactly.
