@@ -18,6 +18,7 @@
 # PART repeat: the same seed uninterrupted at LAYOUT, RUNS (2) times: the run-to-run spread.
 # PART determinism: (x4) the chained GPT-126M seed at DP2 with --deterministic-mode (GPUs 0,1, one segment killed)
 #             next to the same seed uninterrupted twice (GPUs 2,3).
+# PART planner: (x4) GPT-126M through the workflow on 1 GPU and at DP2 (GBS 16 and 32), then `mlrepro plan --trial 3`.
 # PART sweep: (x4) issue 35's layout sweep: GEMM/SDPA shapes (device/gemm_shapes_sweep.py), a preflight, the baseline
 #             stage's Megatron-LM runs of 8-10 layouts each of GPT-1.3B GBS16 and GBS64 and GPT-126M GBS16.
 # PART four:  (x4) GPT-126M at DP4 and the baseline checklist's baseline at TP4 and DP4, on all 4 GPUs.
@@ -83,7 +84,7 @@ gpt126m() {  # lane, layout, system, iterations, extra pretrain keys[, MBS (8; G
   cat > "/tmp/lanes/$1/device.yaml" <<EOF
 benchmarks: [gpt_126m]
 corpora: [mini_corpus]
-pretrain: {layout: $2, train_iters: $4, gbs: 16, mbs: ${6:-8}, attention: sdpa, megatron: $C/megatron.tar.gz, walltime_minutes: 9$5}
+pretrain: {layout: $2, train_iters: $4, gbs: ${GBS:-16}, mbs: ${6:-8}, attention: sdpa, megatron: $C/megatron.tar.gz, walltime_minutes: 9$5}
 EOF
 }
 keep() {  # lane, what to keep of its results (globs under the lane)
@@ -316,6 +317,35 @@ if [ "$PART" = determinism ] && [ "$NGPU" -ge 4 ]; then
   say "segments: $(cd /tmp/lanes/chain && python3 -c "import json; [print(s['index'], s['from_step'], s['to_step'], s.get('class'), s.get('gpu_s'), s.get('lost_steps'), s.get('lost_s'), s.get('val_loss')) for s in json.load(open('results/gpt_126m_chain/seed_1/segments.json'))['segments']]" 2>&1 | tr '\n' ';')"
   for l in chain ref1 ref2; do say "$l: $(grep -h 'validation loss at iteration' /tmp/lanes/$l/results/gpt_126m*/seed_1/mllog.txt 2>/dev/null | tail -2 | tr '\n' ' ')"; done
   say "lm loss at 600: $(for l in chain ref1 ref2; do grep -h ' iteration  *600/' /tmp/lanes/$l/results/gpt_126m*/seed_1/mllog.txt 2>/dev/null | grep -o 'lm loss: [0-9.E+-]*' | head -1; done | tr '\n' ' ')"
+fi
+
+if [ "$PART" = planner ] && [ "$NGPU" -ge 4 ]; then
+  # Issue 35 through the workflow: GPT-126M on one GPU (GPU0) and at DP2 (GPUs 2,3; GBS 16, then GBS 32: the same
+  # work per GPU as the one-GPU run) with the launch line's gradient-reduce overlap; then the trial mode on GPUs 0,1
+  # (`mlrepro plan --trial 3`) on the one-GPU lane's corpus, the planner calibrated on the recorded sweep.
+  (export CUDA_VISIBLE_DEVICES=0
+   gpt126m g1 gpt-125m "$SYS2" 300 ""
+   smk g1 200 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep g1 $seed_files
+   say "GPT-126M 1 GPU GBS16: $(python3 -c "import json; d=json.load(open('/tmp/lanes/g1/results/gpt_126m/seed_1/run.json')); print(d['throughput'])" 2>&1 | tail -1)"
+   mkdir -p /tmp/lanes/g1/results/baseline/$SYS2 /tmp/lanes/g1/results/preflight/$SYS2
+   S=/tmp/lanes/g1/docs/measurements/planner/h200x2_sweep
+   cp $S/baseline.json /tmp/lanes/g1/results/baseline/$SYS2/baseline.json
+   python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['gemm']=json.load(open(sys.argv[2])); json.dump(p, open(sys.argv[3],'w'))" $S/preflight.json $S/gemm_sweep.json /tmp/lanes/g1/results/preflight/$SYS2/preflight.json
+   cd /tmp/lanes/g1 && python3 -c "from pathlib import Path; from mlrepro.plan import calibration; r=calibration.calibrate_system(Path('.'), '$SYS2'); print('calibrated on', len(r['rows']), 'rows')" >> "$SUMMARY" 2>&1
+   export CUDA_VISIBLE_DEVICES=0,1
+   left=$(( DEADLINE - $(date +%s) - 15 ))
+   (cd /tmp/lanes/g1 && timeout "$left" python3 -m mlrepro plan --benchmark gpt_126m --gbs 16 --system $SYS2 --trial 3 --trial-iterations 20 --megatron "$C/megatron.tar.gz" > "$REC/trial.txt" 2>&1)
+   say "trial (rc $?): $(tail -25 "$REC/trial.txt")"
+   keep g1 "results/gpt_126m/trials" "results/plan") &
+  A=$!
+  (export CUDA_VISIBLE_DEVICES=2,3
+   for g in 16 32; do
+     GBS=$g gpt126m "d$g" gpt-125m-2xdp "$SYS2" 300 ""
+     smk "d$g" 200 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; keep "d$g" $seed_files
+     say "GPT-126M DP2 GBS$g: $(python3 -c "import json; d=json.load(open('/tmp/lanes/d$g/results/gpt_126m/seed_1/run.json')); print(d['throughput'])" 2>&1 | tail -1)"
+   done) &
+  B=$!
+  wait $A $B
 fi
 
 if [ "$PART" = sweep ] && [ "$NGPU" -ge 4 ]; then
