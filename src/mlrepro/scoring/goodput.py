@@ -74,7 +74,11 @@ def step_seconds(segments: Sequence[dict]) -> float | None:
 
 
 def attempt_losses(segments: Sequence[dict], attempts: Sequence[dict]) -> list[dict]:
-    """Each attempt's time split into productive seconds and lost seconds by cause (see the module)."""
+    """Each attempt's time split into productive seconds and lost seconds by cause (see the module).
+
+    Productive seconds are the attempt's new steps at the seed's steady step time; its restart and
+    start-up is what its own stepping (at its own pace), hang and writes leave of its elapsed time; what
+    the two paces disagree on is unattributed."""
     step_s = step_seconds(segments) or 0.0
     by_number = {a.get("attempt"): a for a in attempts}
     rows, high = [], 0
@@ -88,16 +92,17 @@ def attempt_losses(segments: Sequence[dict], attempts: Sequence[dict]) -> list[d
         new = max(0, end - max(start, high))
         again = max(0, min(end, high) - start)  # steps trained again after a set-aside checkpoint
         lost = {cause: 0.0 for cause in CAUSES}
-        trained_any = last > start or seg.get("class") == FINISHED
-        if not trained_any or seg.get("class") in _NO_STEP_CLASSES:
+        if (last <= start and seg.get("class") != FINISHED) or seg.get("class") in _NO_STEP_CLASSES:
             lost["failed_attempts"] = elapsed
             new = 0
         else:
-            lost["redone"] = float(seg.get("lost_s") or 0.0) + again * step_s
+            pace = float(seg.get("step_s") or step_s)
+            lost["redone"] = float(seg.get("lost_s") or 0.0) + again * pace
             lost["hang"] = float(seg.get("hang_s") or 0.0)
             lost["checkpoint"] = float(seg.get("checkpoint_write_s") or 0.0)
             # What was not stepping, hanging or writing: starting, loading, warming up, ending.
-            lost["restart"] = max(0.0, elapsed - max(0, last - start) * step_s - lost["hang"] - lost["checkpoint"])
+            lost["restart"] = max(0.0, elapsed - max(0, last - start) * pace - lost["hang"] - lost["checkpoint"])
+            lost["unattributed"] = elapsed - new * step_s - sum(lost.values())
         high = max(high, end)
         rows.append({"attempt": seg.get("attempt"), "class": seg.get("class"), "from_step": start, "to_step": end,
                      "elapsed_s": round(elapsed, 3), "queue_s": queue_seconds(att), "productive_s": round(new * step_s, 3),
@@ -125,7 +130,6 @@ def seed_goodput(segments: Sequence[dict], attempts: Sequence[dict], run_seconds
     total = sum(r["elapsed_s"] for r in rows)
     productive = sum(r["productive_s"] for r in rows)
     lost = {cause: sum(r["lost_s"][cause] for r in rows) for cause in CAUSES}
-    lost["unattributed"] = total - productive - sum(v for k, v in lost.items() if k != "unattributed")
     queues = [r["queue_s"] for r in rows if r["queue_s"] is not None]
     return {
         "effective": productive / total if total > 0 else None,
