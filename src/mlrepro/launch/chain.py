@@ -184,7 +184,7 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
             wall_s=round(time.monotonic() - started, 3), status=said.get("status") or "killed",
             error=(failure or {}).get("message") or (failure or {}).get("reason"),
             **_attempt_fields(plan, cls, text, after, errors, sig, recovered,
-                              (failure or {}).get("reason") or (failure or {}).get("message")))
+                              (failure or {}).get("reason") or (failure or {}).get("message"), before))
         record["gpu_s"] = round(record["wall_s"] * getattr(plan, "ranks", 1), 1)
         record["attempt"] = files.attempts()[-1].number if files.attempts() else None
         _mark_attempt(files, cls)
@@ -228,7 +228,7 @@ def _set_aside_damaged(folder: Path) -> None:
 
 
 def _attempt_fields(plan, cls: str, text: str, saved: int, errors: list[str], sig: str | None,
-                    set_aside: Path | None, reason: str | None = None) -> dict:
+                    set_aside: Path | None, reason: str | None = None, from_step: int = 0) -> dict:
     """What a segment's record adds about the attempt: its class, the work it lost since the last save
     (steps trained past it, and their seconds at the attempt's own pace), its error; and what its
     effective training time is measured from (mlrepro.scoring.goodput): the last step it trained, its
@@ -242,6 +242,7 @@ def _attempt_fields(plan, cls: str, text: str, saved: int, errors: list[str], si
               "lost_s": round(lost_steps * pace, 1) if pace is not None and lost_steps else 0.0,
               "steps_seen": len(steps), "last_step": trained[-1][0] if trained else None,
               "step_s": steady_step_seconds(trained, [step for step, _ in writes]),
+              "stepping_s": stepping_seconds(trained, from_step),
               "checkpoint_writes": len(writes), "checkpoint_write_s": round(sum(s for _, s in writes), 3),
               "checkpoint_steps": [step for step, _ in writes]}
     if cls == attempt.HUNG:
@@ -290,6 +291,16 @@ def steady_step_seconds(trained: list[tuple[int, float]], written_at: list[int])
               if before is not None and not any(before <= w < step for w in written_at)]
     steady = steady or [t for _, t in trained]
     return round(statistics.median(steady), 6) if steady else None
+
+
+def stepping_seconds(trained: list[tuple[int, float]], from_step: int) -> float | None:
+    """Seconds the attempt spent from its first step to its last timed one, checkpoint writes and
+    evaluations included: each timed line's seconds a step x the steps since the line before (the first
+    since `from_step`, where the attempt began)."""
+    if not trained:
+        return None
+    previous = [from_step, *(step for step, _ in trained[:-1])]
+    return round(sum(t * max(0, step - before) for (step, t), before in zip(trained, previous)), 3)
 
 
 def _mark_attempt(files: SeedPaths, cls: str) -> None:

@@ -15,11 +15,11 @@ and the rest of the total is lost, by cause:
     redone                work trained after the last save and lost with the attempt (segments.json's
                           lost_s), and steps trained again after a damaged checkpoint was set aside
     restart and start-up  each attempt's time that was not spent on steps: start-up, loading the
-                          checkpoint, the first step's warm-up, the end (elapsed - steps x step time - the rest)
+                          checkpoint, the end (elapsed - the seconds its timed step lines add up to - a hang)
     hang                  a hung attempt's time without progress, until the watch stopped it
     failed attempts       attempts that never trained a step: all their time
     checkpoint writes     where the trainer times its writes (mini_gpt does)
-    unattributed          what is left (+ or -): the step time's spread over a whole run
+    unattributed          what is left (+ or -): each attempt's own pace against the seed's steady one
 
 so that productive + the causes = the total. A benchmark's figures are its seeds' summed. The
 functions are pure (records in, figures out) but `seed_goodput_of` and `benchmark_goodput`, which read a
@@ -100,8 +100,11 @@ def attempt_losses(segments: Sequence[dict], attempts: Sequence[dict]) -> list[d
             lost["redone"] = float(seg.get("lost_s") or 0.0) + again * pace
             lost["hang"] = float(seg.get("hang_s") or 0.0)
             lost["checkpoint"] = float(seg.get("checkpoint_write_s") or 0.0)
-            # What was not stepping, hanging or writing: starting, loading, warming up, ending.
-            lost["restart"] = max(0.0, elapsed - max(0, last - start) * pace - lost["hang"] - lost["checkpoint"])
+            stepping = seg.get("stepping_s")  # its timed lines' own seconds, writes included
+            stepping = float(stepping) if stepping is not None else max(0, last - start) * pace + lost["checkpoint"]
+            # What was not stepping or hanging: starting, loading, the end (and, for an attempt killed,
+            # its steps after its last timed line).
+            lost["restart"] = max(0.0, elapsed - stepping - lost["hang"])
             lost["unattributed"] = elapsed - new * step_s - sum(lost.values())
         high = max(high, end)
         rows.append({"attempt": seg.get("attempt"), "class": seg.get("class"), "from_step": start, "to_step": end,
@@ -169,9 +172,12 @@ def start_up_cost(rows: Sequence[dict]) -> float | None:
 
 def restart_cost(rows: Sequence[dict]) -> float | None:
     """The measured restart cost R: the median time an attempt that resumed from a checkpoint took to
-    start, load and end around its steps (attempt_losses' rows); None where no attempt resumed."""
-    found = [r["lost_s"]["restart"] for r in rows if r["resumed"] and not r["lost_s"]["failed_attempts"]]
-    return statistics.median(found) if found else None
+    start, load and end around its steps (attempt_losses' rows), of those that ended on their own where
+    there are some (a killed attempt's steps after its last timed line count in its own); None where no
+    attempt resumed."""
+    resumed = [r for r in rows if r["resumed"] and not r["lost_s"]["failed_attempts"]]
+    whole = [r for r in resumed if r["class"] in (FINISHED, "saved_at_limit")] or resumed
+    return statistics.median(r["lost_s"]["restart"] for r in whole) if whole else None
 
 
 def checkpoint_cost(segments: Sequence[dict]) -> float | None:
