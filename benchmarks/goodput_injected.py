@@ -63,11 +63,13 @@ def snakemake(ws: Path, *args: str) -> None:
 
 
 def measured(folder: Path) -> dict:
-    """score.json's goodput of a finished results/mini_gpt, with the MTBF its benchmark injected."""
-    score = json.loads((folder / "score.json").read_text())
+    """The goodput of a finished results/mini_gpt, as its score.json has it (the same function, from the
+    seeds' records, so that a folder scored by an earlier version reads as this one measures), with the
+    MTBF its benchmark injected."""
+    from mlrepro.scoring import goodput
+
     plan = json.loads(next(folder.glob("seed_*/plan.json")).read_text())
-    g = score["goodput"]
-    return {**g, "mtbf_s": (plan.get("inject_failures") or {}).get("mtbf_seconds")}
+    return {**goodput.benchmark_goodput(folder), "mtbf_s": (plan.get("inject_failures") or {}).get("mtbf_seconds")}
 
 
 # ---------------------------------------------------------------- THE PREDICTION PLUGS IN HERE

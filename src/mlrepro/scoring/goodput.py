@@ -5,8 +5,9 @@ MegaScale (NSDI'24) defines the effective training time rate as productive itera
 ÷ total time. Here, per seed:
 
     productive steps      the steps of the run, each counted once: how far its last attempt got
-    step time             the steady seconds per step: the median over the attempts' timed step lines,
-                          checkpoint writes left out (mlrepro.launch.chain records it per attempt)
+    step time             the steady seconds per step: each attempt's median over its timed step lines,
+                          checkpoint writes left out (mlrepro.launch.chain records it), for the steps it
+                          added; the seed's is their mean over its productive steps
     total time            the elapsed time of every attempt (attempt.json: sacct's on Slurm); the time a
                           job queued is not in it and is shown apart
 
@@ -68,7 +69,8 @@ def queue_seconds(attempt: dict) -> float | None:
 
 
 def step_seconds(segments: Sequence[dict]) -> float | None:
-    """The seed's steady seconds per step: the median of its attempts' own (chain.steady_step_seconds)."""
+    """The median of the attempts' own steady seconds per step (chain.steady_step_seconds): the pace of an
+    attempt that timed none of its steps."""
     found = [s["step_s"] for s in segments if s.get("step_s")]
     return statistics.median(found) if found else None
 
@@ -76,9 +78,10 @@ def step_seconds(segments: Sequence[dict]) -> float | None:
 def attempt_losses(segments: Sequence[dict], attempts: Sequence[dict]) -> list[dict]:
     """Each attempt's time split into productive seconds and lost seconds by cause (see the module).
 
-    Productive seconds are the attempt's new steps at the seed's steady step time; its restart and
-    start-up is what its own stepping (at its own pace), hang and writes leave of its elapsed time; what
-    the two paces disagree on is unattributed."""
+    Productive seconds are the attempt's new steps at its own steady step time (a shared machine's speed
+    changes between attempts: the steps are counted at the pace they were trained); its restart and
+    start-up is what its timed steps and a hang leave of its elapsed time; what the steady pace and the
+    timed lines disagree on is unattributed."""
     step_s = step_seconds(segments) or 0.0
     by_number = {a.get("attempt"): a for a in attempts}
     rows, high = [], 0
@@ -105,10 +108,12 @@ def attempt_losses(segments: Sequence[dict], attempts: Sequence[dict]) -> list[d
             # What was not stepping or hanging: starting, loading, the end (and, for an attempt killed,
             # its steps after its last timed line).
             lost["restart"] = max(0.0, elapsed - stepping - lost["hang"])
-            lost["unattributed"] = elapsed - new * step_s - sum(lost.values())
+            lost["unattributed"] = elapsed - new * pace - sum(lost.values())
         high = max(high, end)
+        productive = new * float(seg.get("step_s") or step_s)
         rows.append({"attempt": seg.get("attempt"), "class": seg.get("class"), "from_step": start, "to_step": end,
-                     "elapsed_s": round(elapsed, 3), "queue_s": queue_seconds(att), "productive_s": round(new * step_s, 3),
+                     "elapsed_s": round(elapsed, 3), "queue_s": queue_seconds(att), "productive_s": round(productive, 3),
+                     "new_steps": new,
                      "lost_s": {k: round(v, 3) for k, v in lost.items()}, "resumed": start > 0})
     return rows
 
@@ -124,8 +129,9 @@ def seed_goodput(segments: Sequence[dict], attempts: Sequence[dict], run_seconds
         return None
     if segments:
         rows = attempt_losses(segments, attempts)
-        step_s = step_seconds(segments)
         steps = max((int(s.get("to_step") or 0) for s in segments), default=0)
+        new = sum(r["new_steps"] for r in rows)
+        step_s = sum(r["productive_s"] for r in rows) / new if new else step_seconds(segments)
         finished = segments[-1].get("class") == FINISHED or segments[-1].get("status") == "success"
     else:
         rows, step_s, steps = _unchained(attempts, run_seconds), None, None
@@ -160,7 +166,7 @@ def _unchained(attempts: Sequence[dict], run_seconds: float | None) -> list[dict
             lost["failed_attempts"] = elapsed
         rows.append({"attempt": att.get("attempt"), "class": att.get("class") or (FINISHED if last else None),
                      "from_step": None, "to_step": None, "elapsed_s": round(elapsed, 3), "queue_s": queue_seconds(att),
-                     "productive_s": round(productive, 3), "lost_s": lost, "resumed": False})
+                     "productive_s": round(productive, 3), "new_steps": None, "lost_s": lost, "resumed": False})
     return rows
 
 

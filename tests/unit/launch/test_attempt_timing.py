@@ -20,7 +20,7 @@ mini_gpt segment: {"status": "success", "from_step": 80, "to_step": 120, "train_
 
 
 def test_the_attempts_own_steps_are_timed_and_its_writes_counted_apart():
-    trained = chain._trained_steps(RESUMED)  # noqa: SLF001 - the chain's own reading of the log
+    trained = chain._trained_steps(RESUMED)  # the chain's own reading of the log
     assert [s for s, _ in trained] == [90, 100, 110, 120]  # the replayed step 10 is no step of this attempt
     writes = chain.checkpoint_writes(RESUMED)
     assert writes == [(100, 0.043)]

@@ -25,8 +25,9 @@ def test_the_effective_time_is_productive_steps_times_the_step_time_over_every_a
     segments, attempts = records()
     g = goodput.seed_goodput(segments, attempts)
     assert [s["class"] for s in segments] == ["injected", "injected", "injected", "finished"]
-    assert g["productive_steps"] == 120 and g["step_s"] == pytest.approx((0.61655 + 0.62775) / 2)
-    assert g["productive_s"] == pytest.approx(120 * g["step_s"], abs=0.01)
+    # each attempt's new steps at its own steady pace: 80 in attempt 1, 40 in attempt 4
+    assert g["productive_steps"] == 120 and g["productive_s"] == pytest.approx(80 * 0.61655 + 40 * 0.62775, abs=0.01)
+    assert g["step_s"] == pytest.approx(g["productive_s"] / 120)
     assert g["total_s"] == sum(a["elapsed_s"] for a in attempts) == 104  # sacct's elapsed, the queue not in it
     assert g["effective"] == pytest.approx(g["productive_s"] / 104)
     # every second of the attempts is productive or lost to one cause
@@ -58,7 +59,7 @@ def test_steps_trained_again_after_a_set_aside_checkpoint_are_redone_time():
     segments[3]["from_step"] = 60
     g = goodput.seed_goodput(segments, attempts)
     assert g["lost_s"]["redone"] == pytest.approx(6.8 + 20 * 0.62775)
-    assert g["productive_steps"] == 120 and g["productive_s"] == pytest.approx(120 * g["step_s"], abs=0.01)
+    assert g["productive_steps"] == 120 and g["productive_s"] == pytest.approx(80 * 0.61655 + 40 * 0.62775, abs=0.01)
     assert g["productive_s"] + sum(g["lost_s"].values()) == pytest.approx(104, abs=0.01)
 
 
