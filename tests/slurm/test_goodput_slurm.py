@@ -17,9 +17,10 @@ from workspace import run_snakemake
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(1800)]
 
-# A mean of 45 s: this generator's draws kill attempt 1 after 58 s (mid-run), 2 and 3 within 3 s (before a
-# step), 4 after 40 s, by when mini_gpt may have finished (it trains 20-60 s after a start-up of about 15 s).
-INJECT = {"mtbf_seconds": 45, "seed": 0}
+# A mean of 45 s; this generator's draws kill attempt 1 after 21 s (mini_gpt needs 30-100 s to its end: a
+# start-up of 5-15 s, then 120 steps of 0.2-0.7 s), attempt 2 after 6 s (near its start), and give attempt
+# 3 119 s, enough to finish at the slowest pace seen on the shared 2-core machine.
+INJECT = {"mtbf_seconds": 45, "seed": 4}
 SLURM = ("--profile", "profiles/slurm", "--config", "system=local-slurm", "--slurm-init-seconds-before-status-checks", "1")
 
 
@@ -40,7 +41,7 @@ def test_an_injected_failure_is_recorded_and_the_seed_goes_on_to_the_end(injecte
     assert "injected" in classes and classes[-1] == "finished"
     assert all(c in ("injected", "finished") for c in classes)  # an injected kill spends no retry
     killed = next(s for s in chain if s["class"] == "injected")
-    assert "killed by the failure injection" in killed["error"] and "mean time between failures 45" in killed["error"]
+    assert "killed by the failure injection 2" in killed["error"] and "mean time between failures 45" in killed["error"]
     # scancel on Slurm: sacct says the job was cancelled; the attempt says why
     attempt = json.loads((seed / f"attempt_{killed['attempt']}" / "attempt.json").read_text())
     assert attempt["state"] == "CANCELLED" and attempt["class"] == "injected" and attempt["submitted"]
@@ -61,8 +62,11 @@ def test_score_json_has_the_effective_training_time_and_the_lost_time_by_cause(i
     attempts = [json.loads(p.read_text()) for p in sorted((ws / "results/mini_gpt/seed_1").glob("attempt_*/attempt.json"))]
     assert of_seed["total_s"] == pytest.approx(sum(a["elapsed_s"] for a in attempts), abs=0.01)
     assert of_seed["queue_s"] is not None and of_seed["queue_s"] >= 0
-    assert of_seed["lost_s"]["restart"] > 0 and of_seed["restart_cost_s"] > 0
-    assert of_seed["checkpoint_cost_s"] > 0 and of_seed["checkpoint_interval_steps"] == 20  # CKPT_EVERY
+    assert of_seed["lost_s"]["restart"] > 0 and of_seed["startup_s"] > 0
+    # a restart cost where an attempt resumed from a checkpoint and trained (attempt 1 may die before step 20)
+    resumed = [r for r in of_seed["per_attempt"] if r["resumed"] and not r["lost_s"]["failed_attempts"]]
+    assert (of_seed["restart_cost_s"] or 0) > 0 if resumed else of_seed["restart_cost_s"] is None
+    assert of_seed["checkpoint_cost_s"] > 0 and of_seed["checkpoint_interval_steps"] in (20, None)  # CKPT_EVERY
     # one seed: the benchmark's figures are its own
     assert g["effective"] == pytest.approx(of_seed["effective"])
     verdict = json.loads((ws / "results/mini_gpt/verdict.json").read_text())
