@@ -470,10 +470,14 @@ class Run:
         import torch.distributed as dist
 
         if self.rank == 0 and self.s.ckpt_dir is not None:
+            began = time.monotonic()
             payload = self.state(log)
             save_checkpoint(self.s.ckpt_dir, self.step, lambda d: torch.save(payload, d / "state.pt"),
                             {"val_loss": self.eval_loss, "samples": self.step * self.gbs, "clock_s": payload["clock_s"]})
             prune_checkpoints(self.s.ckpt_dir, self.s.keep_last, self.s.keep_best)
+            # What a checkpoint costs, for the launcher's effective training time (the write, not the steps).
+            print(f"mini_gpt checkpoint: step {self.step} written in {time.monotonic() - began:.3f} s",
+                  file=sys.stderr, flush=True)
         if self.distributed:
             dist.barrier()
 

@@ -27,7 +27,7 @@ from mlrepro import config, paths
 from mlrepro.paths import AttemptPaths, SeedPaths
 from mlrepro.pretrain import progress
 from mlrepro.pretrain.progress import format_elapsed
-from mlrepro.scoring import cost, early_stop, live, running_verdict
+from mlrepro.scoring import cost, early_stop, goodput, live, running_verdict
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.slurm import client as slurm
 from mlrepro.slurm import node_health
@@ -369,12 +369,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def reproduction(folder: Path) -> dict:
-    """What the seeds cost so far, the running verdict, the early stop and the system's excluded nodes."""
+    """What the seeds cost so far, their effective training time, the running verdict, the early stop and
+    the system's excluded nodes."""
     root = paths.benchmark_root(folder.resolve())
     spent = cost.benchmark_cost(folder, gpus_per_node=1)
     spent["unit"] = cost.unit_of(cost.seed_attempts(f, 1) for f in paths.seed_dirs(folder).values())
     out: dict = {"cost": spent, "early_stop": early_stop.read_decision(root, folder.name), "running_verdict": None,
-                 "excluded_nodes": {}}
+                 "excluded_nodes": {}, "goodput": goodput.benchmark_goodput(folder)}
     for record in sorted((root / "results" / "nodes").glob(f"*/{node_health.FILE_NAME}")):
         with contextlib.suppress(ValueError):
             if nodes := node_health.read(record):
@@ -416,6 +417,12 @@ def reproduction_lines(extra: dict) -> list[str]:
              + f" over {c['attempts']} attempts"
              + (f" ({c['failed_attempts']} failed: {c['failed_gpu_hours']:.3g} {c['unit']})" if c["failed_attempts"] else "")
              + (" (partly estimated from file times)" if c.get("estimated") else "")]
+    g = extra.get("goodput")
+    if g:
+        for seed, of_seed in sorted((g.get("seeds") or {}).items(), key=lambda kv: int(kv[0])):
+            lines.append(goodput.status_line(f"seed {seed}", of_seed))
+        if len(g.get("seeds") or {}) > 1:
+            lines.append(goodput.status_line("all seeds", g))
     rv = extra.get("running_verdict")
     if rv:
         lines.append(f"running verdict: after {rv['seeds_finished']} of {rv['seeds_required']} seeds, "

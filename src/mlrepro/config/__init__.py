@@ -142,6 +142,7 @@ class Benchmark:
     min_free_gb: float = 0
     segments: dict | None = None  # checkpointed, time-limited segments (see mlrepro.launch.chain)
     hang: dict | None = None  # when a running attempt counts as hung (mlrepro.launch.attempt.HangRule)
+    inject_failures: dict | None = None  # attempts killed at a set rate (mlrepro.launch.attempt.Injection)
     pretrain: dict | None = None  # GPT pretraining: model, tokens, layouts (see mlrepro.pretrain.megatron_plan)
     early_stop: Any = None  # the opt-in early stop; wins over the system's
     container_image: str | None = None  # a prebuilt image instead of a build (mlrepro.container.prebuilt)
@@ -273,6 +274,7 @@ def load_benchmark(root: Path, name: str) -> Benchmark:
         min_free_gb=data["min_free_gb"],
         segments=data.get("segments"),
         hang=data.get("hang"),
+        inject_failures=data.get("inject_failures"),
         pretrain=data.get("pretrain"),
         early_stop=data.get("early_stop"),
         container_image=data.get("container_image"),

@@ -94,7 +94,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
         nodes=nodes, gpus_per_node=min(lay.gpus, per_node),
         walltime_minutes=walltime,
         seed_dir=seed_dir, env=env, job_name=job.job_name(benchmark, seed, seed_dir),
-        description=description, gpus=lay.gpus, hang=bench.hang,
+        description=description, gpus=lay.gpus, hang=bench.hang, inject_failures=bench.inject_failures,
         save_signal_s=limits.save_signal_seconds if limits else 0)
     return job.with_sbatch(plan, system)
 

@@ -106,6 +106,7 @@ def _plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.Seed
             job_name=job.job_name(benchmark, seed, seed_dir),
             generated=generated,
             hang=bench.hang,
+            inject_failures=bench.inject_failures,
             save_signal_s=chain_limits.save_signal_seconds if chain_limits else 0,
         )
         plans[seed] = job.with_sbatch(plan, system)

@@ -12,11 +12,17 @@ happened?". Each ended attempt gets exactly one class:
     hung                      no progress for longer than the hang timeout; stopped by the watch
     failed_before_first_step  the trainer died before its first new step: a load or configuration error
     failed_mid_run            the trainer died after training some steps
+    injected                  killed by the benchmark's failure injection (`inject_failures:`, tests and benchmarks)
 
 and the policy decides from the classes: a failure before the first new step, or the same error
 signature twice in a row, ends the seed at once (retrying cannot mend it) with the trainer's own last
 error lines; every other failure uses one budget of failed attempts per seed, shared by the chain's
 segments and the seed's retries, that a new checkpoint refills (progress is what a long run needs).
+
+An injected failure (`Injection`) kills a running attempt after an exponentially distributed time
+drawn from a seeded generator, as a failure of the hardware would: the chain goes on from its last
+checkpoint (a seed that does not checkpoint starts again), spending no budget, so that the effective
+training time of a run with failures at a known rate can be measured against a prediction.
 
 The hang rule follows nvidia-resiliency-ext's computed timeouts: an attempt with no progress line for
 longer than `multiple` x the longest interval between progress lines seen so far (at least `floor_s`),
@@ -26,6 +32,7 @@ or, before its first progress line, for longer than `startup_s`, is hung.
 from __future__ import annotations
 
 import hashlib
+import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -39,7 +46,9 @@ NODE_FAILURE = "node_failure"
 HUNG = "hung"
 FAILED_BEFORE_FIRST_STEP = "failed_before_first_step"
 FAILED_MID_RUN = "failed_mid_run"
-CLASSES = (FINISHED, SAVED_AT_LIMIT, CANCELLED, NODE_FAILURE, HUNG, FAILED_BEFORE_FIRST_STEP, FAILED_MID_RUN)
+INJECTED = "injected"
+CLASSES = (FINISHED, SAVED_AT_LIMIT, CANCELLED, NODE_FAILURE, HUNG, FAILED_BEFORE_FIRST_STEP, FAILED_MID_RUN,
+           INJECTED)
 # What a person reads in the segments table, failure.json, `mlrepro status` and the report.
 DESCRIPTIONS = {
     FINISHED: "finished",
@@ -49,9 +58,12 @@ DESCRIPTIONS = {
     HUNG: "hung",
     FAILED_BEFORE_FIRST_STEP: "failed before its first new step",
     FAILED_MID_RUN: "failed mid-run",
+    INJECTED: "killed by the failure injection",
 }
 # Classes that are not the trainer failing: they neither use the budget nor end the seed.
-NOT_FAILURES = {FINISHED, SAVED_AT_LIMIT, CANCELLED}
+NOT_FAILURES = {FINISHED, SAVED_AT_LIMIT, CANCELLED, INJECTED}
+# The backend's state of an attempt the failure injection killed (failure.json, attempt.json).
+INJECTED_STATE = "INJECTED"
 
 # Scheduler or backend states that say the node is at fault (mlrepro.slurm.node_health agrees).
 NODE_STATES = {"NODE_FAIL", "BOOT_FAIL", "PREFLIGHT_FAILED"}
@@ -106,6 +118,8 @@ def classify(ended: Ended) -> str:
     """The one class of an ended attempt (see the module's table)."""
     if ended.finished:
         return FINISHED
+    if ended.state == INJECTED_STATE:
+        return INJECTED
     if ended.state == "HUNG":
         return HUNG
     if ended.state in NODE_STATES or ended.node_side:
@@ -192,6 +206,9 @@ class Budget:
         self.last_signature = sig if cls not in NOT_FAILURES else self.last_signature
         if cls == SAVED_AT_LIMIT:
             self.used = 0
+            return Verdict(True)
+        if cls == INJECTED:
+            # A failure made on purpose at a set rate: what it costs is measured, not held against the seed.
             return Verdict(True)
         if cls == CANCELLED:
             # Someone's decision: a chain waits for no one and goes on; a single job stays cancelled
@@ -283,3 +300,40 @@ class HangWatch:
                  f"(timeout {timeout:.0f} s: {self.rule.multiple:g} x the longest interval between progress "
                  f"lines, {self.longest or 0:.1f} s, at least {self.rule.floor_s:.0f} s)")
         return f"no progress for {quiet:.0f} s {since}; last line: {self.last_line or '(none)'}"
+
+
+_QUIET = re.compile(r"no progress for (\d+(?:\.\d+)?) s")
+
+
+def hung_for(reason: str | None) -> float | None:
+    """The seconds a hung attempt went without progress before the watch stopped it, from the reason
+    HangWatch.poll gave (None for any other reason)."""
+    m = _QUIET.search(reason or "")
+    return float(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Injection:
+    """Failures injected at a set rate (the benchmark's `inject_failures:` block): each running attempt
+    is killed after a time drawn from an exponential distribution of mean `mtbf_s`, the time between
+    failures of a machine that fails at random. The draw depends only on the block's `seed`, the
+    benchmark's seed and the attempt's number, so a workflow run again kills its attempts at the same
+    times, and two seeds fail independently."""
+
+    mtbf_s: float
+    seed: int = 0
+
+    @classmethod
+    def of(cls, block: dict | None) -> Injection | None:
+        """The injection of a benchmark's `inject_failures:` block; None when there is none."""
+        if not block:
+            return None
+        return cls(float(block["mtbf_seconds"]), int(block.get("seed", 0)))
+
+    def kill_after(self, seed: int, attempt: int) -> float:
+        """Seconds after attempt `attempt` of seed `seed` starts running that it is killed."""
+        return random.Random(f"inject:{self.seed}:{seed}:{attempt}").expovariate(1.0 / self.mtbf_s)
+
+    def reason(self, after_s: float) -> str:
+        return (f"{INJECTED}: killed by the failure injection {after_s:.1f} s after it started "
+                f"(inject_failures: mean time between failures {self.mtbf_s:g} s)")

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import re
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,7 +183,8 @@ def run_seed(plan, system, run_log: Path, launch_one: Callable, lim: Limits | No
             len(state["segments"]) + 1, said, started=started_at, ended=now(), from_step=before, to_step=after,
             wall_s=round(time.monotonic() - started, 3), status=said.get("status") or "killed",
             error=(failure or {}).get("message") or (failure or {}).get("reason"),
-            **_attempt_fields(plan, cls, text, after, errors, sig, recovered))
+            **_attempt_fields(plan, cls, text, after, errors, sig, recovered,
+                              (failure or {}).get("reason") or (failure or {}).get("message"), before))
         record["gpu_s"] = round(record["wall_s"] * getattr(plan, "ranks", 1), 1)
         record["attempt"] = files.attempts()[-1].number if files.attempts() else None
         _mark_attempt(files, cls)
@@ -226,16 +228,25 @@ def _set_aside_damaged(folder: Path) -> None:
 
 
 def _attempt_fields(plan, cls: str, text: str, saved: int, errors: list[str], sig: str | None,
-                    set_aside: Path | None) -> dict:
+                    set_aside: Path | None, reason: str | None = None, from_step: int = 0) -> dict:
     """What a segment's record adds about the attempt: its class, the work it lost since the last save
-    (steps trained past it, and their seconds at the attempt's own pace), its error."""
+    (steps trained past it, and their seconds at the attempt's own pace), its error; and what its
+    effective training time is measured from (mlrepro.scoring.goodput): the last step it trained, its
+    steady seconds per step, its checkpoint writes where the trainer times them, how long a hang went on."""
     steps = [s for s in attempt.steps_in(text) if s >= 0]
     trained = _trained_steps(text)
     lost_steps = max(0, trained[-1][0] - saved) if trained and cls != attempt.FINISHED else 0
     pace = sum(t for _, t in trained[-5:]) / len(trained[-5:]) if trained else None
+    writes = checkpoint_writes(text)
     fields = {"class": cls, "lost_steps": lost_steps,
               "lost_s": round(lost_steps * pace, 1) if pace is not None and lost_steps else 0.0,
-              "steps_seen": len(steps)}
+              "steps_seen": len(steps), "last_step": trained[-1][0] if trained else None,
+              "step_s": steady_step_seconds(trained, [step for step, _ in writes]),
+              "stepping_s": stepping_seconds(trained, from_step),
+              "checkpoint_writes": len(writes), "checkpoint_write_s": round(sum(s for _, s in writes), 3),
+              "checkpoint_steps": [step for step, _ in writes]}
+    if cls == attempt.HUNG:
+        fields["hang_s"] = attempt.hung_for(reason)
     if errors:
         fields.update(error_lines=errors, signature=sig)
     if set_aside is not None:
@@ -260,6 +271,36 @@ def _trained_steps(text: str) -> list[tuple[int, float]]:
         else:
             found.append((int(m.group(3)), float(m.group(4)) / 1000))
     return found
+
+
+# A trainer's word that it wrote a checkpoint, and how long the write took (mini_gpt's line).
+CHECKPOINT_LINE = re.compile(r"checkpoint: step (\d+) written in ([\d.]+) s")
+
+
+def checkpoint_writes(text: str) -> list[tuple[int, float]]:
+    """(step, seconds) of each checkpoint the attempt's log says it wrote."""
+    return [(int(m.group(1)), float(m.group(2))) for m in CHECKPOINT_LINE.finditer(text)]
+
+
+def steady_step_seconds(trained: list[tuple[int, float]], written_at: list[int]) -> float | None:
+    """The attempt's steady seconds per step: the median over its timed step lines, leaving out the
+    intervals that hold a checkpoint write (counted apart), and the first, which may hold a warm-up.
+    mini_gpt times every tenth step over the ten before it, so its evaluations (every ten steps) stay in."""
+    previous = [None, *(step for step, _ in trained[:-1])]
+    steady = [t for (step, t), before in zip(trained, previous)
+              if before is not None and not any(before <= w < step for w in written_at)]
+    steady = steady or [t for _, t in trained]
+    return round(statistics.median(steady), 6) if steady else None
+
+
+def stepping_seconds(trained: list[tuple[int, float]], from_step: int) -> float | None:
+    """Seconds the attempt spent from its first step to its last timed one, checkpoint writes and
+    evaluations included: each timed line's seconds a step x the steps since the line before (the first
+    since `from_step`, where the attempt began)."""
+    if not trained:
+        return None
+    previous = [from_step, *(step for step, _ in trained[:-1])]
+    return round(sum(t * max(0, step - before) for (step, t), before in zip(trained, previous)), 3)
 
 
 def _mark_attempt(files: SeedPaths, cls: str) -> None:

@@ -65,6 +65,7 @@ class SeedPlan:
     gpus: int = 0  # the ranks, where a layout uses fewer than every GPU of its nodes (0: all of them)
     hang: dict | None = None  # the benchmark's `hang:` block (mlrepro.launch.attempt.HangRule.of)
     save_signal_s: float = 0  # SIGUSR1 this long before a segment's job limit: save and stop (0: none)
+    inject_failures: dict | None = None  # the benchmark's `inject_failures:` block (mlrepro.launch.attempt.Injection)
 
     @property
     def files(self) -> SeedPaths:

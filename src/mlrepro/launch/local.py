@@ -246,7 +246,14 @@ def run_seed_local(plan: SeedPlan, system: System, run_log: Path) -> None:
             signal.signal(sig, cancel)
         rule = attempt_policy.HangRule.of(plan.hang)
         watch = attempt_policy.HangWatch(rule, lambda: [attempt_log]) if rule else None
-        why = _wait_or_stop(job, plan, ours, watch, here.pid_file)
+        injection = attempt_policy.Injection.of(plan.inject_failures)
+        why = _wait_or_stop(job, plan, ours, watch, here.pid_file,
+                            injection.kill_after(plan.seed, attempt) if injection else None)
+        if why is not None and why.startswith(attempt_policy.INJECTED):
+            state = attempt_policy.INJECTED_STATE
+            _take_log(attempt_log, run_log)
+            record_failure(seed_dir, why, state=state, attempt=attempt)
+            raise SeedFailed(f"seed {plan.seed}: {why}")
         if why is not None and why.startswith(HUNG):
             state = "HUNG"
             _take_log(attempt_log, run_log)
@@ -291,16 +298,20 @@ HUNG = "hung: "
 
 
 def _wait_or_stop(job, plan: SeedPlan, marker: str, watch: attempt_policy.HangWatch | None = None,
-                  pid_file: Path | None = None) -> str | None:
+                  pid_file: Path | None = None, kill_after: float | None = None) -> str | None:
     """Wait for the attempt; why it was cancelled meanwhile ("stopped": the early stop settled the
     reproduction; "diverged: ...": its evaluations left the reference band; "hung: ...": no progress
-    for longer than the hang rule allows), or None. At a segment's save time its run gets SIGUSR1."""
+    for longer than the hang rule allows; "injected: ...": `kill_after` seconds passed, the failure
+    injection's draw), or None. At a segment's save time its run gets SIGUSR1."""
     save_after, started, signalled = save_signal_after(plan), time.monotonic(), False
+    injection = attempt_policy.Injection.of(plan.inject_failures)
     while not job.done():
         gone = diverged(plan)
         why = "stopped" if early_stop_settled(plan) else (gone.get("reason") or "diverged") if gone is not None else None
         if why is None and watch is not None and (hung := watch.poll()):
             why = HUNG + hung
+        if why is None and kill_after is not None and injection and time.monotonic() - started >= kill_after:
+            why = injection.reason(time.monotonic() - started)
         if why:
             job.cancel()
             with contextlib.suppress(proctree.Survivors):

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import sys
+import time
 from pathlib import Path
 
 from mlrepro import paths
@@ -122,9 +123,15 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     stopped = []
     rule = attempt_policy.HangRule.of(plan.hang)
     watches: list[attempt_policy.HangWatch] = []
+    injection = attempt_policy.Injection.of(plan.inject_failures)
+    kill_after = injection.kill_after(plan.seed, job.attempt) if injection else None
+    running_since: list[float] = []
 
     def started(info) -> None:
-        # The hang watch counts from the job's start, not from its submission: a queue is no hang.
+        # The hang watch and the failure injection count from the job's start, not from its
+        # submission: a queue is no hang, and a job that is not running cannot fail.
+        if info.state == "RUNNING" and not running_since:
+            running_since.append(time.monotonic())
         if rule is not None and info.state == "RUNNING" and not watches:
             watches.append(attempt_policy.HangWatch(rule, here.logs))
 
@@ -135,6 +142,9 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
             stopped.append(gone.get("reason") or "diverged")
         if not stopped and watches and (hung := watches[0].poll()):
             stopped.append(HUNG + hung)
+        if (not stopped and kill_after is not None and running_since
+                and (ran := time.monotonic() - running_since[0]) >= kill_after):
+            stopped.append(injection.reason(ran))  # slurm.wait scancels the job
         return bool(stopped)
 
     info = slurm.wait(job.job_id, poll_seconds=system.slurm_poll_seconds, status_command=system.slurm_status_command,
@@ -149,6 +159,10 @@ def _run_seed_slurm(plan: SeedPlan, system: System, run_log: Path) -> None:
     run_log.write_text("".join(p.read_text(errors="replace") for p in logs) if logs else "")
     write_job(seed_dir, dataclasses.replace(job, collected=now(), state=info.state, end=info.end,
                                             elapsed_s=info.elapsed_seconds, nodes=tuple(info.nodes)))
+    if stopped and stopped[0].startswith(attempt_policy.INJECTED) and info.state != "COMPLETED":
+        record_failure(seed_dir, stopped[0], state=attempt_policy.INJECTED_STATE, job_id=job.job_id,
+                       attempt=job.attempt, nodes=list(info.nodes))
+        raise SeedFailed(f"seed {plan.seed}: Slurm job {job.job_id} {stopped[0]}")
     if stopped and stopped[0].startswith(HUNG) and info.state != "COMPLETED":
         record_failure(seed_dir, stopped[0], state="HUNG", job_id=job.job_id, attempt=job.attempt,
                        nodes=list(info.nodes), last_line=watches[0].last_line)
@@ -187,7 +201,9 @@ def _record_cost(plan: SeedPlan, job: JobRecord, info, device: str) -> None:
     record_attempt(job.logdir, job.attempt, "slurm", nodes=len(acct.nodes) or plan.nodes,
                    gpus_per_node=plan.gpus_per_node, start=acct.start, end=acct.end,
                    elapsed_s=acct.elapsed_seconds, state=acct.state, job_id=str(job.job_id),
-                   node_names=acct.nodes, energy_j=acct.energy_j, source=acct.source or "sacct", device=device)
+                   node_names=acct.nodes, energy_j=acct.energy_j, source=acct.source or "sacct", device=device,
+                   submitted=acct.submit or job.submitted)
+
 
 
 def _bad_nodes(plan: SeedPlan, system: System, job: JobRecord, info, run_log: Path) -> dict[str, str]:

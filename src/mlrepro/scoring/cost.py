@@ -6,7 +6,9 @@ holds attempt.json, written by the launch backend when the attempt ends:
 
     {"attempt": K, "scheduler": "local" | "slurm", "job_id", "nodes": 1, "node_names": [...],
      "gpus_per_node": 2, "start": iso, "end": iso, "elapsed_s": 41.0, "state": "COMPLETED",
-     "energy_j": null, "source": "sacct" | "local clock"}
+     "energy_j": null, "source": "sacct" | "local clock", "submitted": iso}
+
+("submitted": a Slurm job's submission, sacct's; its start less that is the time it queued.)
 
 On Slurm the elapsed time, node list and state are sacct's (ElapsedRaw, NodeList, State) and
 energy its ConsumedEnergyRaw where the cluster gathers it; locally they are the attempt's own
@@ -61,7 +63,7 @@ def attempt_record(attempt: int, scheduler: str, *, nodes: int, gpus_per_node: i
                    end: str | None = None, elapsed_s: float | None = None, state: str = RUNNING,
                    job_id: str | None = None,
                    node_names: Sequence[str] = (), energy_j: float | None = None, source: str = "local clock",
-                   reason: str | None = None, device: str | None = None) -> dict:
+                   reason: str | None = None, device: str | None = None, submitted: str | None = None) -> dict:
     """attempt.json's content (the backend writes it; see the module's docstring)."""
     if elapsed_s is None and start and end:
         s, e = _parse_time(start), _parse_time(end)
@@ -69,7 +71,7 @@ def attempt_record(attempt: int, scheduler: str, *, nodes: int, gpus_per_node: i
     return {"attempt": attempt, "scheduler": scheduler, "job_id": job_id, "nodes": int(nodes),
             "node_names": list(node_names), "gpus_per_node": int(gpus_per_node), "start": start, "end": end,
             "elapsed_s": elapsed_s, "state": state, "energy_j": energy_j, "source": source, "device": device,
-            **({"reason": reason} if reason else {})}
+            **({"reason": reason} if reason else {}), **({"submitted": submitted} if submitted else {})}
 
 
 def gpu_hours(record: dict) -> float:

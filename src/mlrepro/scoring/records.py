@@ -135,6 +135,8 @@ class ScoreRecord(Record):
     complete_mlperf_result: bool = ABSENT
     early_stop: dict[str, Any] = ABSENT
     changed_after_finish: list[dict[str, Any]] = ABSENT
+    # The effective training time, per seed and in all, with its lost time by cause (scoring.goodput).
+    goodput: dict[str, Any] | None = ABSENT
 
     @classmethod
     def _from_json_values(cls, known: dict[str, Any]) -> dict[str, Any]:
@@ -184,3 +186,4 @@ class VerdictRecord(Record):
     running_verdict: dict[str, Any] = ABSENT
     complete_mlperf_result: bool = ABSENT
     early_stop: dict[str, Any] = ABSENT
+    goodput: dict[str, Any] | None = ABSENT

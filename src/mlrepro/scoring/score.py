@@ -344,9 +344,10 @@ def score_runs(log_paths: Iterable[str | os.PathLike], rules: Rules, *,
 
 def reproduction_score(run_files: Iterable[str | os.PathLike], rules: Rules, *, cost: dict,
                        running_verdict: dict, complete_mlperf_result: bool,
-                       early_stop: dict | None = None) -> ScoreRecord:
+                       early_stop: dict | None = None, goodput: dict | None = None) -> ScoreRecord:
     """A reproduction's score.json: its seeds' run records (run.json) scored together, with what the
-    reproduction cost, its running verdict and, when the early stop settled it, that decision."""
+    reproduction cost, its running verdict, its effective training time (scoring.goodput) and, when the
+    early stop settled it, that decision."""
     score = score_records([RunRecord.read(p) for p in run_files], rules)
     reasons = list(score.reasons)
     if early_stop is not None:
@@ -356,7 +357,8 @@ def reproduction_score(run_files: Iterable[str | os.PathLike], rules: Rules, *, 
     return score.replace(valid=score.valid and early_stop is None, reasons=reasons, cost=cost,
                          running_verdict=running_verdict, complete_mlperf_result=complete_mlperf_result,
                          early_stop=early_stop if early_stop is not None else ABSENT,
-                         changed_after_finish=changed or ABSENT)
+                         changed_after_finish=changed or ABSENT,
+                         goodput=goodput if goodput is not None else ABSENT)
 
 
 def score_records(records: Sequence[RunRecord], rules: Rules) -> ScoreRecord:

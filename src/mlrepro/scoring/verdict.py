@@ -365,12 +365,13 @@ def reproduction_verdict(score: ScoreRecord, reference_file: Path, container_fil
                          *, benchmark: str, system: dict, config: dict | None) -> VerdictRecord:
     """A reproduction's verdict.json: `compare` of its score with its reference.json, in the environment
     its container.json and preflight record describe, with the implementation config its runs used
-    and what its score carries (cost, running verdict, early stop)."""
+    and what its score carries (cost, running verdict, early stop, effective training time)."""
     environment = {"container": json.loads(Path(container_file).read_text()),
                    "preflight": json.loads(Path(preflight_file).read_text()) if preflight_file else None}
     found = VerdictRecord.from_json(compare(score.to_json(), json.loads(Path(reference_file).read_text()),
                                             benchmark=benchmark, system=system, environment=environment))
-    carried = {key: getattr(score, key) for key in ("cost", "early_stop", "running_verdict", "complete_mlperf_result")
+    carried = {key: getattr(score, key) for key in ("cost", "early_stop", "running_verdict", "complete_mlperf_result",
+                                                       "goodput")
                if getattr(score, key) is not ABSENT}
     if score.early_stop is not ABSENT:
         # Settled before all its seeds ran: the early stop's own verdict, not the score's "not valid".

@@ -10,7 +10,7 @@ from mlrepro import kinds, paths
 from mlrepro.config import ConfigError
 from mlrepro.kinds import mlperf
 from mlrepro.launch import chain, finished, job
-from mlrepro.scoring import cost, cost_report, early_stop
+from mlrepro.scoring import cost, cost_report, early_stop, goodput
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.scoring import score as scoring
 from mlrepro.scoring import verdict as verdicts
@@ -107,14 +107,16 @@ def planned_line(settings, benchmark: str, plan: job.SeedPlan | None = None) -> 
 
 
 def reproduction_cost(settings, benchmark: str) -> dict:
-    """score.json's cost (planned and spent), running verdict and early stop (mlrepro.scoring.cost)."""
+    """score.json's cost (planned and spent), running verdict, early stop (mlrepro.scoring.cost) and effective
+    training time (mlrepro.scoring.goodput)."""
     bench = settings.benchmark(benchmark)
     found = _planned(settings, bench)
     gpus_per_node = found[1].gpus_per_node if found else settings.system.gpus_per_node
     spent = cost.benchmark_cost(paths.benchmark_dir(settings.root, benchmark), gpus_per_node,
                                 found[0] if found else None)
     spent["unit"] = cost.unit(settings.system.device)
-    out = {"cost": spent, "running_verdict": early_stop.running(settings.root, bench, scoring_rules.for_benchmark(bench))}
+    out = {"cost": spent, "running_verdict": early_stop.running(settings.root, bench, scoring_rules.for_benchmark(bench)),
+           "goodput": goodput.benchmark_goodput(paths.benchmark_dir(settings.root, benchmark), gpus_per_node)}
     decision = early_stop.read_decision(settings.root, benchmark)
     out["complete_mlperf_result"] = decision is None
     if decision is not None:
@@ -133,7 +135,8 @@ def report(settings, benchmark: str, score: ScoreRecord, verdict: VerdictRecord,
     svg = verdict_report.distribution_plot(verdict.to_json())
     atomic_write_text(distribution, svg)
     shown = score.as_written()
-    section = verdict_report.render_section(verdict.as_written(), svg) + cost_report.section(shown)
+    section = (verdict_report.render_section(verdict.as_written(), svg) + cost_report.section(shown)
+               + goodput.section(shown))
     reports.write_report(shown, mllogs, out, plot_dir=plot_dir, verdict_html=section or None,
                          measures=settings.benchmark(benchmark).target.get("measures"))
 

@@ -225,3 +225,40 @@ def test_the_trainers_words_stand_before_the_launchers_report():
     assert A.classify(A.Ended("FAILED", log_text=TORCHRUN, exit_code=2)) == A.FAILED_BEFORE_FIRST_STEP
     inner = TORCHRUN.replace("mini_gpt train.py: N_EMBD", "Traceback (most recent call last):\nValueError: N_EMBD")
     assert A.error_lines(inner)[-1].startswith("ValueError: N_EMBD=192")
+
+
+def test_an_injected_kill_is_its_own_class_and_the_seed_goes_on_without_spending_its_retries():
+    killed = A.Ended(A.INJECTED_STATE, log_text="progress: step 10/400\n")
+    assert A.classify(killed) == A.INJECTED and A.INJECTED in A.CLASSES and A.INJECTED in A.DESCRIPTIONS
+    # before its first step too: an injected kill is no load error
+    assert A.classify(A.Ended(A.INJECTED_STATE)) == A.INJECTED
+    # run_stop logged before the kill landed: the run is over
+    assert A.classify(A.Ended(A.INJECTED_STATE, finished=True)) == A.FINISHED
+    budget = A.Budget(retries=0)
+    for chained in (True, False):  # a seed without segments starts again
+        assert all(budget.after(A.INJECTED, None, progressed=False, chained=chained).go_on for _ in range(5))
+    assert budget.used == 0
+    # a real failure after injected ones still has its whole budget (0 here: it ends the seed)
+    assert not budget.after(A.FAILED_MID_RUN, "sig", progressed=False, chained=True).go_on
+
+
+def test_injected_kill_times_are_exponential_seeded_and_independent_per_seed_and_attempt():
+    inject = A.Injection.of({"mtbf_seconds": 30, "seed": 7})
+    assert inject == A.Injection(30.0, 7) and A.Injection.of(None) is None
+    # the same draw after a workflow restart
+    assert inject.kill_after(1, 3) == A.Injection(30.0, 7).kill_after(1, 3)
+    draws = [inject.kill_after(seed, attempt) for seed in range(1, 41) for attempt in range(1, 51)]
+    assert len(set(draws)) == len(draws)
+    mean = sum(draws) / len(draws)
+    assert 27 < mean < 33  # 2,000 draws: the mean within ~4.5 standard errors of 30 s
+    # exponential: P(T > mtbf) = 1/e
+    assert abs(sum(d > 30 for d in draws) / len(draws) - 0.3679) < 0.05
+    assert A.Injection(30.0, 8).kill_after(1, 3) != inject.kill_after(1, 3)
+    assert "mean time between failures 30 s" in inject.reason(12.3)
+    assert inject.reason(12.3).startswith(A.INJECTED)
+
+
+def test_how_long_a_hang_went_on_is_read_from_the_watchs_reason():
+    why = "no progress for 42 s (timeout 40 s: 5 x the longest interval between progress lines, 8.0 s, at least 10 s)"
+    assert A.hung_for(why) == 42.0 and A.hung_for("hung: " + why) == 42.0
+    assert A.hung_for("Slurm job 7 ended FAILED") is None and A.hung_for(None) is None

@@ -20,9 +20,12 @@ import yaml
 
 import chromium_page
 from mlrepro import config as mlrepro_config
+from mlrepro.paths import SeedPaths
+from mlrepro.scoring import goodput
 from mlrepro.stages import container as stages_container
 from mlrepro.stages import report as stages_report
 from mlrepro.stages import score as stages_score
+from mlrepro.util.fsutil import atomic_write_json
 from workspace import make_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not chromium_page.available(), reason="apt-get install -y chromium")]
@@ -47,6 +50,17 @@ def shifted(src: Path, dest: Path, factor: float, benchmark: str) -> Path:
     return dest
 
 
+def injected_attempts(seed_dir: Path) -> None:
+    """The seed folder's segments.json and attempt records those of a real run with failures injected
+    (tests/fixtures/goodput/): the report then has its effective training time to show."""
+    run = json.loads((Path(__file__).resolve().parents[2] / "fixtures/goodput/slurm_injected_seed_1.json").read_text())
+    files = SeedPaths(seed_dir)
+    atomic_write_json(files.segments, {"segments": run["segments"]})
+    for record in run["attempts"]:
+        files.attempt(record["attempt"]).folder.mkdir(parents=True)
+        atomic_write_json(files.attempt(record["attempt"]).record, record)
+
+
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     ws = make_workspace(tmp_path_factory.mktemp("glance") / "ws")
@@ -68,6 +82,8 @@ def pages(tmp_path_factory):
         runs, mllogs = [], []
         for i, log in enumerate(reference_logs):
             mllog = shifted(log, out / f"seed_{i + 1}" / "mllog.txt", factor, name)
+            if name == "mini_lora_slower" and i == 0:
+                injected_attempts(mllog.parent)
             stages_score.score_seed(settings, name, i + 1, mllog, mllog.parent / "run.json")
             runs.append(mllog.parent / "run.json")
             mllogs.append(mllog)
@@ -171,3 +187,20 @@ def test_the_metric_is_named_with_what_it_measures(pages):
     assert "eval_accuracy" in bench["target"]["text"] and "evaluation loss (lower is better)" in bench["target"]["text"]
     svg = (pages[1] / "mini_lora_slower" / "plots" / "convergence.svg").read_text()
     assert "evaluation loss" in svg
+
+
+def test_the_effective_training_time_reads_with_its_lost_time_by_cause(pages):
+    laid_out, results, _ = pages
+    g = json.loads((results / "mini_lora_slower" / "score.json").read_text())["goodput"]
+    for width in WIDTHS:
+        ids = laid_out["benchmark", width]["ids"]
+        assert ids["goodput-effective"]["text"].startswith(f"effective training time {goodput.percent(g['effective'])}")
+        table = ids["goodput-table"]["text"].split("\n")
+        assert table[0].split("\t")[:2] == ["seed", "effective"] and "failed attempts (s)" in table[0]
+        assert table[-1].split("\t")[0] == "all" and "restart cost" in ids["goodput-costs"]["text"]
+        assert "checkpoint interval 20 steps" in ids["goodput-costs"]["text"]
+        # on a phone the table scrolls in its own box, the page does not
+        box = next(t for t in laid_out["benchmark", width]["tables"] if t["id"] == "goodput-table")
+        assert box["scroller"] is not None and box["scroller"]["right"] <= width
+    # a seed without attempt records (the others: their logs only) is no seed of the measurement
+    assert list(g["seeds"]) == ["1"] and g["lost_s"]["failed_attempts"] == 9

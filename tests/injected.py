@@ -1,0 +1,28 @@
+"""A workspace for the injected-failure miniature (issue 33): mini_gpt's corpus built here, its seeds
+with the benchmark's `inject_failures:` block."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from mlrepro.corpus import minicorpus
+from workspace import make_workspace, run_snakemake
+
+
+def injected_workspace(tmp: Path, inject: dict, seeds: list[int]) -> Path:
+    """A workspace whose corpus stages have run here, mini_gpt's `seeds` with `inject` as inject_failures."""
+    ws = make_workspace(tmp / "ws")
+    spec = yaml.safe_load((ws / "config/benchmarks/mini_gpt.yaml").read_text())
+    spec.update(seeds=seeds, required_runs=len(seeds), inject_failures=inject)
+    (ws / "config/benchmarks/mini_gpt.yaml").write_text(yaml.safe_dump(spec))
+    server = minicorpus.serve(minicorpus.make_mini_corpus(tmp / "srv"))
+    try:
+        corpus = ws / "config/corpora/mini_corpus.yaml"
+        corpus.write_text(corpus.read_text().replace("127.0.0.1:18765", f"127.0.0.1:{server.server_address[1]}"))
+        run_snakemake(ws, "--profile", "profiles/local", "--", "resources/corpora/mini_corpus/data_prefix.json",
+                      timeout=900)
+    finally:
+        server.shutdown()
+    return ws
