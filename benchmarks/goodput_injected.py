@@ -72,19 +72,12 @@ def measured(folder: Path) -> dict:
     return {**goodput.benchmark_goodput(folder), "mtbf_s": (plan.get("inject_failures") or {}).get("mtbf_seconds")}
 
 
-# ---------------------------------------------------------------- THE PREDICTION PLUGS IN HERE
 def predicted(m: dict) -> dict | None:
-    """The failure model's effective training time for what was measured: MTBF `m["mtbf_s"]`, the
-    checkpoint interval `m["checkpoint_interval_steps"] * m["step_s"]` seconds, the measured checkpoint
-    write cost `m["checkpoint_cost_s"]` and restart cost `m["restart_cost_s"]`, the run's productive time
-    `m["productive_s"]`. mlrepro.plan.goodput (the Young/Daly model, `expected(...)`, and its Monte Carlo
-    `simulate(...)`) is not merged yet: until it is, there is no prediction. Return
-    {"effective": fraction, "method": words}."""
-    try:
-        from mlrepro.plan import goodput as model  # noqa: F401  (another branch)
-    except ImportError:
-        return None
-    return None  # TODO(lead): model.expected(...) with the arguments above, as its signature asks
+    """The failure model's effective training time for what was measured (mlrepro.plan.goodput's simulator at
+    the injected MTBF and the seeds' measured restart and checkpoint costs and interval): {"effective", "method"}."""
+    from mlrepro.plan import goodput as model
+
+    return model.measured_prediction(m, m["mtbf_s"])
 
 
 def report(m: dict, p: dict | None) -> str:
@@ -93,7 +86,7 @@ def report(m: dict, p: dict | None) -> str:
     lines = [f"MTBF injected: {m['mtbf_s']} s; attempts {m['attempts']} ({m['failures']} ended by a failure)",
              f"measured effective training time: {goodput.percent(m['effective'])} "
              f"({m['productive_s']:.1f} s productive of {m['total_s']:.1f} s; queued {m['queue_s'] or 0:.1f} s apart)",
-             f"predicted: {goodput.percent(p['effective']) + ' (' + p['method'] + ')' if p else 'no model (mlrepro.plan.goodput not merged)'}",
+             f"predicted: {goodput.percent(p['effective']) + ' (' + p['method'] + ')' if p else 'none (a figure the model needs was not measured)'}",
              f"checkpoint interval: {m['checkpoint_interval_steps']} steps x {m['step_s']:.3f} s a step",
              f"restart cost {m['restart_cost_s'] if m['restart_cost_s'] is None else round(m['restart_cost_s'], 2)} s, "
              f"checkpoint write {m['checkpoint_cost_s'] if m['checkpoint_cost_s'] is None else round(m['checkpoint_cost_s'], 3)} s",

@@ -224,14 +224,15 @@ def expected(job: Job, interval_s: float | None = None) -> Expectation:
 
 
 def simulate(job: Job, interval_s: float | None = None, *, runs: int = 400, seed: int = 0,
-             max_jobs: int = 200_000) -> Expectation:
+             max_jobs: int = 200_000, first_start_up: bool = False) -> Expectation:
     """The seeded Monte Carlo of the same run, `runs` times, all runs advanced together one job (a start
     after a failure or a limit) at a time. The nodes fail as independent Poisson processes: the first of
     N failing is exponential at N times a node's rate (the superposition), and each failure is a hang with
     probability hang_share. Within a job: the start-up (none for the first), then saves every interval; a
     failure keeps what the last finished save holds; at the job limit the trainer saves what it has (or
     loses it); the run ends at its last step, unsaved. A run still unfinished after `max_jobs` jobs
-    counts as never finishing (effective 0)."""
+    counts as never finishing (effective 0). `first_start_up`: the first job starts up too, and its time
+    counts (a measured seed's attempts are timed from their start, the first one's included)."""
     lam, w = job.failure_rate, job.work_s
     tau = math.inf if not job.saves else (interval_s if interval_s is not None else young_daly_interval(job))
     d = job.checkpoint_s if job.saves else 0.0
@@ -242,7 +243,8 @@ def simulate(job: Job, interval_s: float | None = None, *, runs: int = 400, seed
     wall = np.zeros(runs)
     failures = np.zeros(runs)
     planned = np.zeros(runs)
-    startup = np.zeros(runs)  # the first job's start-up is before the first step: not counted
+    # The first job's start-up is before the first step: not counted, unless a measurement counts it.
+    startup = np.full(runs, job.restart_s if first_start_up else 0.0)
     active = np.ones(runs, dtype=bool)
     if limit <= job.restart_s:
         max_jobs = 1  # only the first job, which has no start-up, can train: after it the run never finishes
@@ -303,3 +305,28 @@ def time_to_train(model: FailureModel, w: Workload, *, nodes: int, gpus: int, se
     job = model.job(nodes=nodes, gpus=gpus, work_s=seconds, checkpoint_bytes=checkpoint_bytes(w),
                     progress_interval_s=step_s, saves=per_step)
     return seconds / steady(job).effective if per_step else expected(job).wall_s
+
+
+def measured_prediction(measured: dict, mtbf_s: float, *, job_limit_s: float | None = None, runs: int = 4000,
+                        seed: int = 0) -> dict | None:
+    """What the model predicts for a measured benchmark whose attempts failed at a known mean time (the
+    `inject_failures:` knob): each seed a run of the seeds' mean productive time, failing at 1/mtbf_s while
+    an attempt runs (its start-up included), at the restart and checkpoint costs and the checkpoint interval
+    the seeds measured (`measured`: mlrepro.scoring.goodput's benchmark record). None where a figure is
+    missing (no checkpoint measured, no resumed attempt)."""
+    seeds = len(measured.get("seeds") or {}) or 1
+    need = ("productive_s", "restart_cost_s", "checkpoint_interval_steps", "step_s")
+    if mtbf_s is None or mtbf_s <= 0 or any(measured.get(k) is None for k in need):
+        return None
+    work = measured["productive_s"] / seeds
+    interval = measured["checkpoint_interval_steps"] * measured["step_s"]
+    job = Job(nodes=1, gpus=1, work_s=work, failure_rate=1 / mtbf_s, restart_s=measured["restart_cost_s"],
+              checkpoint_s=measured.get("checkpoint_cost_s") or 0.0, hang_share=0.0, hang_s=0.0,
+              job_limit_s=job_limit_s)
+    sim = simulate(job, interval, runs=runs, seed=seed, first_start_up=True)
+    return {"effective": sim.effective, "interruptions_per_seed": sim.interruptions,
+            # the spread of a mean over this many seeds: what the measurement may differ by
+            "spread": sim.spread / math.sqrt(seeds),
+            "method": (f"mlrepro.plan.goodput.simulate, {runs} runs: a seed of {work:.1f} s productive, "
+                       f"MTBF {mtbf_s:g} s, restart {measured['restart_cost_s']:.2f} s, a save every "
+                       f"{interval:.1f} s costing {job.checkpoint_s:.2f} s")}

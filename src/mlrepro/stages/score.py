@@ -10,6 +10,7 @@ from mlrepro import kinds, paths
 from mlrepro.config import ConfigError
 from mlrepro.kinds import mlperf
 from mlrepro.launch import chain, finished, job
+from mlrepro.plan import goodput as failure_model
 from mlrepro.scoring import cost, cost_report, early_stop, goodput
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.scoring import score as scoring
@@ -115,8 +116,15 @@ def reproduction_cost(settings, benchmark: str) -> dict:
     spent = cost.benchmark_cost(paths.benchmark_dir(settings.root, benchmark), gpus_per_node,
                                 found[0] if found else None)
     spent["unit"] = cost.unit(settings.system.device)
+    measured = goodput.benchmark_goodput(paths.benchmark_dir(settings.root, benchmark), gpus_per_node)
+    injected = bench.inject_failures or {}
+    if measured and injected.get("mtbf_seconds"):
+        # Failures at a known rate: the failure model's prediction beside what the seeds measured.
+        lim = chain.limits(bench.segments, settings.system.max_job_minutes)
+        span = lim.job_seconds - lim.margin_seconds if lim is not None and lim.job_seconds else None
+        measured["predicted"] = failure_model.measured_prediction(measured, injected["mtbf_seconds"], job_limit_s=span)
     out = {"cost": spent, "running_verdict": early_stop.running(settings.root, bench, scoring_rules.for_benchmark(bench)),
-           "goodput": goodput.benchmark_goodput(paths.benchmark_dir(settings.root, benchmark), gpus_per_node)}
+           "goodput": measured}
     decision = early_stop.read_decision(settings.root, benchmark)
     out["complete_mlperf_result"] = decision is None
     if decision is not None:

@@ -203,3 +203,19 @@ def test_the_simulator_lands_above_90_percent_on_llama_3(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sourced = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("as sourced"))
     assert sourced.split()[-1] == "True"
+
+
+def test_the_prediction_for_a_measured_run_with_injected_failures():
+    """measured_prediction: each seed a run of the seeds' mean productive time at the injected MTBF, with the
+    costs the seeds measured; the first start-up counts (attempts are timed from their start). Without failures
+    only the start-up and the saves are lost; more often failing, less effective; a missing figure: no prediction."""
+    measured = {"productive_s": 80.0, "restart_cost_s": 4.0, "checkpoint_cost_s": 0.5,
+                "checkpoint_interval_steps": 20, "step_s": 0.25, "seeds": {"1": {}, "2": {}}}
+    calm = goodput.measured_prediction(measured, 1e9, runs=200)
+    assert calm["effective"] == pytest.approx(40.0 / (40.0 + 4.0 + 7 * 0.5), rel=1e-3)  # 8 saves of 5 s work, 7 written
+    often = goodput.measured_prediction(measured, 20.0, runs=4000)
+    rare = goodput.measured_prediction(measured, 200.0, runs=4000)
+    assert often["effective"] < rare["effective"] < calm["effective"]
+    assert 1.5 < often["interruptions_per_seed"] < 4 and rare["interruptions_per_seed"] < 0.5
+    assert "MTBF 20 s" in often["method"] and often["spread"] > 0
+    assert goodput.measured_prediction({**measured, "restart_cost_s": None}, 20.0) is None
