@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 
 from mlrepro import config, paths
 from mlrepro.paths import AttemptPaths, SeedPaths
+from mlrepro.plan import goodput as failure_model
 from mlrepro.pretrain import progress
 from mlrepro.pretrain.progress import format_elapsed
 from mlrepro.scoring import cost, early_stop, goodput, live, running_verdict
@@ -381,6 +382,12 @@ def reproduction(folder: Path) -> dict:
             if nodes := node_health.read(record):
                 out["excluded_nodes"][record.parent.name] = nodes
     bench = _benchmark(root, folder.name)
+    if bench is not None and out["goodput"] and (bench.inject_failures or {}).get("mtbf_seconds"):
+        # Failures injected at a known rate: the failure model's prediction, as the score stage makes it.
+        job = (bench.segments or {}).get("job_seconds")
+        span = job - (bench.segments or {}).get("margin_seconds", 0) if job else None
+        out["goodput"]["predicted"] = failure_model.measured_prediction(
+            out["goodput"], bench.inject_failures["mtbf_seconds"], job_limit_s=span)
     if bench is not None and any(SeedPaths(f).mllog.is_file() for f in paths.seed_dirs(folder).values()):
         out["running_verdict"] = early_stop.running(root, bench, scoring_rules.for_benchmark(bench))
     out["outside_band"] = _outside_band(root, folder, bench)
@@ -423,6 +430,9 @@ def reproduction_lines(extra: dict) -> list[str]:
             lines.append(goodput.status_line(f"seed {seed}", of_seed))
         if len(g.get("seeds") or {}) > 1:
             lines.append(goodput.status_line("all seeds", g))
+        if g.get("predicted"):
+            lines.append(f"predicted effective training time {goodput.percent(g['predicted']['effective'])} "
+                         f"(the failure model at the measured costs and the injected failure rate)")
     rv = extra.get("running_verdict")
     if rv:
         lines.append(f"running verdict: after {rv['seeds_finished']} of {rv['seeds_required']} seeds, "

@@ -83,3 +83,19 @@ def test_status_and_the_report_show_it(injected):
     assert goodput.percent(g["seeds"]["1"]["effective"]) in line and "restart and start-up" in line
     page = (ws / "results/mini_gpt/report.html").read_text()
     assert "id='goodput-table'" in page and f"effective training time {goodput.percent(g['effective'])}" in page
+
+
+def test_the_failure_models_prediction_stands_beside_the_measurement(injected):
+    """Failures injected at a known rate: score.json, `mlrepro status` and the report give the failure model's
+    prediction (mlrepro.plan.goodput at the measured costs) beside the measured effective training time."""
+    ws = injected["ws"]
+    g = json.loads((ws / "results/mini_gpt/score.json").read_text())["goodput"]
+    if g["restart_cost_s"] is None:
+        pytest.skip("no attempt resumed and trained: no measured restart cost to predict with")
+    p = g["predicted"]
+    assert 0.2 < p["effective"] < 1.0 and "MTBF 45 s" in p["method"]
+    out = subprocess.run([sys.executable, "-m", "mlrepro", "status", "results/mini_gpt"], cwd=ws, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert f"predicted effective training time {goodput.percent(p['effective'])}" in out
+    page = (ws / "results/mini_gpt/report.html").read_text()
+    assert "id='goodput-predicted'" in page and f"predicted {goodput.percent(p['effective'])}" in page

@@ -307,13 +307,15 @@ def time_to_train(model: FailureModel, w: Workload, *, nodes: int, gpus: int, se
     return seconds / steady(job).effective if per_step else expected(job).wall_s
 
 
-def measured_prediction(measured: dict, mtbf_s: float, *, job_limit_s: float | None = None, runs: int = 4000,
-                        seed: int = 0) -> dict | None:
+def measured_prediction(measured: dict | None, mtbf_s: float | None, *, job_limit_s: float | None = None,
+                        runs: int = 4000, seed: int = 0) -> dict | None:
     """What the model predicts for a measured benchmark whose attempts failed at a known mean time (the
     `inject_failures:` knob): each seed a run of the seeds' mean productive time, failing at 1/mtbf_s while
     an attempt runs (its start-up included), at the restart and checkpoint costs and the checkpoint interval
     the seeds measured (`measured`: mlrepro.scoring.goodput's benchmark record). None where a figure is
     missing (no checkpoint measured, no resumed attempt)."""
+    if not measured:
+        return None
     seeds = len(measured.get("seeds") or {}) or 1
     need = ("productive_s", "restart_cost_s", "checkpoint_interval_steps", "step_s")
     if mtbf_s is None or mtbf_s <= 0 or any(measured.get(k) is None for k in need):
