@@ -430,6 +430,8 @@ def reproduction_lines(extra: dict) -> list[str]:
             lines.append(goodput.status_line(f"seed {seed}", of_seed))
         if len(g.get("seeds") or {}) > 1:
             lines.append(goodput.status_line("all seeds", g))
+        if g.get("planned_interval") or g.get("checkpoint_interval_steps") is not None:
+            lines.append(goodput.interval_words(g))
         if g.get("predicted"):
             lines.append(f"predicted effective training time {goodput.percent(g['predicted']['effective'])} "
                          f"(the failure model at the measured costs and the injected failure rate)")

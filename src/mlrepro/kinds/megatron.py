@@ -27,6 +27,7 @@ from mlrepro import paths
 from mlrepro.launch import chain, job
 from mlrepro.plan import calibration, hardware, models
 from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_source
+from mlrepro.scoring import goodput as measured_goodput
 from mlrepro.scoring import megatron_log, megatron_score
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.util.fsutil import atomic_dir, atomic_write_text
@@ -63,11 +64,15 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     # checkpoints/; under a job limit it runs as a chain of jobs, each stopped by Megatron's own clock
     # (run_and_time.sh turns JOB_SECONDS into --exit-duration-in-mins).
     limits = chain.limits(bench.segments, system.max_job_minutes)
-    save = {}
+    # The restart and checkpoint costs this benchmark's seeds measured so far replace the configured ones.
+    measured = measured_goodput.benchmark_goodput(paths.benchmark_dir(root, benchmark), per_node)
+    save, interval = {}, None
     if limits is not None:
         # The interval set (config.yaml's, else the benchmark's) or chosen from the system's failures (Young/Daly).
-        save = {"save": str(files.checkpoints),
-                "save_interval": megatron_plan.failures(p, bench, system, overrides).interval_iterations}
+        f = megatron_plan.failures(p, bench, system, overrides, measured)
+        save = {"save": str(files.checkpoints), "save_interval": f.interval_iterations}
+        interval = {"steps": f.interval_iterations, "seconds": round(f.interval_iterations * p.step_s, 3),
+                    "chosen_by": f.chosen_by}
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(_megatron_dir(root, benchmark))}
     walltime = megatron_plan.job_minutes(p, overrides)
@@ -87,7 +92,8 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
             line = megatron_launch.torchrun_line(run, nproc=lay.gpus)
         env["MEGATRON_LINE"] = line
     else:
-        description = megatron_plan.dry_run(root, bench, system.name, overrides, corpus_dir, seed, planned=p).describe
+        description = megatron_plan.dry_run(root, bench, system.name, overrides, corpus_dir, seed, planned=p,
+                                            measured=measured).describe
     plan = job.SeedPlan(
         benchmark=benchmark, seed=seed, scheduler=system.scheduler, implementation_dir=bench.implementation_dir,
         config_file=bench.source, dgxsystem=p.variant.name,
@@ -95,7 +101,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
         walltime_minutes=walltime,
         seed_dir=seed_dir, env=env, job_name=job.job_name(benchmark, seed, seed_dir),
         description=description, gpus=lay.gpus, hang=bench.hang, inject_failures=bench.inject_failures,
-        save_signal_s=limits.save_signal_seconds if limits else 0)
+        save_signal_s=limits.save_signal_seconds if limits else 0, checkpoint_interval=interval)
     return job.with_sbatch(plan, system)
 
 

@@ -9,15 +9,18 @@ Its result is the run's MLLOG lines, scored by mlrepro.scoring.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
+from typing import NamedTuple
 
 from mlrepro import paths
 from mlrepro.config import Benchmark, ConfigError, Settings, System
 from mlrepro.implementation import configs as implementation
 from mlrepro.launch import chain, job
-from mlrepro.plan import generate, hardware, search, workloads
-from mlrepro.scoring import mllog
+from mlrepro.plan import generate, goodput, hardware, search, workloads
+from mlrepro.scoring import early_stop, mllog
+from mlrepro.scoring import goodput as measured_goodput
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.scoring import score as scoring
 from mlrepro.util.fsutil import atomic_write_text
@@ -82,6 +85,7 @@ def _plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.Seed
         "DGXSYSTEM": cfg.dgxsystem,
     }
     chain_limits = chain.limits(bench.segments, system.max_job_minutes)
+    saving = _saving(settings, bench, cfg, chain_limits) if chain_limits is not None else None
     generated = _generated(cfg.path)
     plans = {}
     for seed in seeds:
@@ -90,6 +94,7 @@ def _plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.Seed
         walltime = cfg.walltime_min
         if chain_limits is not None:  # a checkpointing pretraining run: each job is one segment of the seed
             env.update(chain.run_env(chain_limits, seed_dir))
+            env.update(saving.env)
             walltime = chain.walltime_minutes(chain_limits, walltime)
         plan = job.SeedPlan(
             benchmark=benchmark,
@@ -108,9 +113,82 @@ def _plan_seeds(settings: Settings, benchmark: str, seeds) -> dict[int, job.Seed
             hang=bench.hang,
             inject_failures=bench.inject_failures,
             save_signal_s=chain_limits.save_signal_seconds if chain_limits else 0,
+            checkpoint_interval=saving.record if saving else None,
         )
-        plans[seed] = job.with_sbatch(plan, system)
+        plan = job.with_sbatch(plan, system)
+        if saving:
+            plan = dataclasses.replace(plan, description=f"{plan.describe()} | {saving.line}")
+        plans[seed] = plan
     return plans
+
+
+class _Saving(NamedTuple):
+    env: dict[str, str]  # the interval the trainer is told (nothing: its own, or the benchmark's env: stands)
+    line: str  # the dry run's failures line
+    record: dict  # plan.json's checkpoint_interval
+
+
+def _saving(settings: Settings, bench: Benchmark, cfg, limits: chain.Limits) -> _Saving:
+    """How often a benchmark that saves (a `segments:` block) checkpoints, and what failures are expected to
+    cost it: the system's failure model with the restart and checkpoint costs its seeds measured so far
+    (mlrepro.scoring.goodput), at the seeds' measured step time, else the reference runs'; the run as long as
+    the reference's runs (else the seeds', else MAX_STEPS). The interval is the benchmark's own (its `env:`
+    sets segments.interval_env), else Young/Daly's in whole steps."""
+    root, system = settings.root, settings.system
+    measured = measured_goodput.benchmark_goodput(paths.benchmark_dir(root, bench.name), cfg.gpus_per_node) or {}
+    ref_pace, ref_steps = measured_goodput.run_pace(
+        early_stop.reference_scores(root, bench, scoring_rules.for_benchmark(bench)))
+    pace, pace_from = ((measured["step_s"], "measured on the seeds") if measured.get("step_s")
+                       else (ref_pace, "the reference runs'"))
+    seeds_steps = [g["productive_steps"] for g in (measured.get("seeds") or {}).values()
+                   if g.get("finished") and g.get("productive_steps")]
+    steps = ref_steps or (max(seeds_steps) if seeds_steps else None) or int(cfg.env.get("MAX_STEPS") or 0) or None
+    var = bench.segments.get("interval_env")
+    own = bench.env.get(var) if var else None
+    if own is not None:
+        try:
+            given = int(own)
+        except ValueError:
+            raise ConfigError(f"config/benchmarks/{bench.name}.yaml: env: {var}={own!r} is not a whole number of "
+                              "steps (segments: interval_env names it as the checkpoint interval)") from None
+    if not pace or not steps:
+        by = (f"config/benchmarks/{bench.name}.yaml's env: {var}" if own is not None
+              else "the implementation's own: no reference runs and no seed give the step time yet")
+        return _Saving({}, f"failures: not priced: no step time yet (no reference runs, no seed measured); "
+                           f"checkpoint interval {by}", {"steps": given if own is not None else None,
+                                                          "seconds": None, "chosen_by": by})
+    model = goodput.FailureModel.of(system.failures, f"config/systems/{system.name}.yaml", hang=bench.hang)
+    model = model.with_measured(restart_seconds=measured.get("restart_cost_s"),
+                                checkpoint_seconds=measured.get("checkpoint_cost_s"))
+    workload = workloads.BENCHMARKS.get(bench.mlperf_benchmark or "")
+    size = goodput.checkpoint_bytes(workload) if workload else None
+    span = limits.job_seconds - limits.margin_seconds if limits.job_seconds else None
+    run = model.job(nodes=cfg.nodes, gpus=cfg.nodes * cfg.gpus_per_node, work_s=steps * pace,
+                    checkpoint_bytes=size or 0.0, progress_interval_s=pace, job_limit_s=span)
+    young_daly = max(1, round(goodput.young_daly_interval(run) / pace))
+    env = {}
+    default = cfg.env.get(var) if var else None
+    if own is not None:
+        chosen, by = given, f"config/benchmarks/{bench.name}.yaml's env: {var}"
+    elif not var:
+        chosen, by = None, "the implementation's own: segments: names no interval_env to give it Young/Daly's"
+    elif young_daly >= steps and default and default.isdigit():
+        # Young/Daly's interval spans the whole run (the default 6.5 failures per 1,000 node-days on a node
+        # or two: an MTBF of months against a run of minutes): saving more often than the implementation's
+        # own interval buys nothing the plan can see, and that interval is what its resumes (and the
+        # miniature's tests of them) are built around; it stays.
+        chosen, by = int(default), f"the implementation's {var}: Young/Daly's interval is the whole run"
+    else:
+        chosen, by = min(young_daly, steps), "Young/Daly"
+        env = {var: str(chosen)}
+    interval_s = chosen * pace if chosen else None
+    e = goodput.expected(run, interval_s)
+    every = f"every {chosen:,} steps ({interval_s:.1f} s" if chosen else f"the implementation's own interval ("
+    line = (f"failures: {goodput.costs_words(model, run, size)}: checkpoint {every} at {pace:.3g} s a step, "
+            f"{pace_from}; {by}); expected {e.interruptions:.2g} interruptions in a run of {steps:,} steps, "
+            f"effective training time {e.effective:.1%}")
+    return _Saving(env, line, {"steps": chosen, "seconds": round(interval_s, 3) if interval_s else None,
+                               "chosen_by": by, "young_daly_steps": young_daly})
 
 
 def finish_seed(bench: Benchmark, plan: job.SeedPlan, run_log: Path, out: Path) -> None:

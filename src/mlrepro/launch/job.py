@@ -66,6 +66,8 @@ class SeedPlan:
     hang: dict | None = None  # the benchmark's `hang:` block (mlrepro.launch.attempt.HangRule.of)
     save_signal_s: float = 0  # SIGUSR1 this long before a segment's job limit: save and stop (0: none)
     inject_failures: dict | None = None  # the benchmark's `inject_failures:` block (mlrepro.launch.attempt.Injection)
+    # A run that saves: the checkpoint interval its kind chose ({steps, seconds, chosen_by}), for status and the report
+    checkpoint_interval: dict | None = None
 
     @property
     def files(self) -> SeedPaths:

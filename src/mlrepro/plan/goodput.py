@@ -147,6 +147,30 @@ def checkpoint_bytes(w: Workload) -> float:
     return w.model.trainable_params() * (w.training.param_bytes + w.training.optimizer_bytes)
 
 
+def seconds_words(x: float) -> str:
+    """Seconds as a plan shows them: three figures below 100 s (a miniature's 0.069 s save), whole above."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def costs_words(model: FailureModel, job: Job, checkpoint_bytes: float | None) -> str:
+    """'MTBF 1,846.2 h on 2 node(s), restart 600 s (configured), a save 12.3 s (measured)': the failure rate and
+    the two costs a plan priced, each saying where it came from: `measured` (the benchmark's own seeds, through
+    with_measured), `configured` (the system's `failures:` block, its schema defaults included), or the
+    checkpoint's size over the configured write bandwidth (`checkpoint_bytes`; None: the size is unknown, an
+    implementation the planner has no model of, and a save counts as free until one is measured)."""
+    def source(figure: str) -> str:
+        return "measured" if model.sources.get(figure) == "measured" else "configured"
+
+    if model.checkpoint_seconds is not None:
+        save = source("checkpoint_seconds")
+    elif checkpoint_bytes:
+        save = f"{checkpoint_bytes / 1e9:.3g} GB at the configured write bandwidth"
+    else:
+        save = "size unknown: free until a save is measured"
+    return (f"MTBF {job.mtbf_s / 3600:,.1f} h on {job.nodes} node(s), restart {seconds_words(job.restart_s)} s "
+            f"({source('restart_seconds')}), a save {seconds_words(job.checkpoint_s)} s ({save})")
+
+
 def young_daly_interval(job: Job) -> float:
     """Seconds of training between saves: Daly 2006's higher-order optimum sqrt(2 d M)(1 + sqrt(d/2M)/3
     + d/18M) - d for a save costing d and a job MTBF M (Young 1974's sqrt(2 d M) to first order; M itself

@@ -260,22 +260,28 @@ class Failures(NamedTuple):
     job: goodput.Job  # the run as it saves (or would)
     expected: goodput.Expectation  # the run as it is: with its saves, or, without, restarted from the beginning
     if_saved: goodput.Expectation  # the run saving at interval_iterations
+    model: goodput.FailureModel  # the system's, with the seeds' measured costs in place (its sources say which)
+    checkpoint_bytes: float
 
 
 def failures(p: Planned, bench: mlrepro_config.Benchmark, system: mlrepro_config.System,
-             overrides: dict | None = None) -> Failures:
+             overrides: dict | None = None, measured: dict | None = None) -> Failures:
     """The plan's expected failures on the system (mlrepro.plan.goodput): its nodes, the system's failure
     model and the benchmark's hang rule, the checkpoint's size from the memory model's bytes per parameter,
     and the interval: config.yaml's `pretrain: save_interval`, else the benchmark's, else Young/Daly's
-    in whole iterations of the plan's step time."""
-    overrides = overrides or {}
+    in whole iterations of the plan's step time. `measured`: what the benchmark's seeds measured so far
+    (mlrepro.scoring.goodput.benchmark_goodput, read by the kind): its restart and checkpoint costs replace
+    the configured ones."""
+    overrides, measured = overrides or {}, measured or {}
     lay, step = p.layout, p.step_s
     model = goodput.FailureModel.of(system.failures, f"config/systems/{system.name}.yaml", hang=bench.hang)
+    model = model.with_measured(restart_seconds=measured.get("restart_cost_s"),
+                                checkpoint_seconds=measured.get("checkpoint_cost_s"))
+    size = goodput.checkpoint_bytes(workloads.gpt(p.variant.model, lay.gbs))
     limits = chain.limits(bench.segments, system.max_job_minutes)
     span = limits.job_seconds - limits.margin_seconds if limits is not None and limits.job_seconds else None
     job = model.job(nodes=max(1, lay.gpus // p.facts.gpus_per_node), gpus=lay.gpus, work_s=step * p.iterations,
-                    checkpoint_bytes=goodput.checkpoint_bytes(workloads.gpt(p.variant.model, lay.gbs)),
-                    progress_interval_s=step * megatron_launch.Run.log_interval, job_limit_s=span)
+                    checkpoint_bytes=size, progress_interval_s=step * megatron_launch.Run.log_interval, job_limit_s=span)
     given = overrides.get("save_interval") or (bench.pretrain or {}).get("save_interval")
     if given:
         iterations = int(given)
@@ -286,7 +292,7 @@ def failures(p: Planned, bench: mlrepro_config.Benchmark, system: mlrepro_config
         chosen_by = "Young/Daly"
     if_saved = goodput.expected(job, iterations * step)
     as_is = if_saved if limits is not None else goodput.expected(dataclasses.replace(job, saves=False))
-    return Failures(limits is not None, iterations, chosen_by, job, as_is, if_saved)
+    return Failures(limits is not None, iterations, chosen_by, job, as_is, if_saved, model, size)
 
 
 def _hours(x: float) -> str:
@@ -297,8 +303,7 @@ def failures_line(p: Planned, f: Failures) -> str:
     """The dry run's line of expected failures, next to the planned GPU-hours."""
     job, e, minutes = f.job, f.expected, f.interval_iterations * p.step_s / 60
     planned = p.layout.gpus * p.hours
-    head = (f"failures: MTBF {job.mtbf_s / 3600:,.1f} h on {job.nodes} node(s), restart {job.restart_s:.0f} s, "
-            f"a save {job.checkpoint_s:.1f} s")
+    head = f"failures: {goodput.costs_words(f.model, job, f.checkpoint_bytes)}"
     if f.saves:
         body = (f"checkpoint every {f.interval_iterations:,} iterations ({minutes:.1f} min, {f.chosen_by}); "
                 f"expected {e.interruptions:.1f} interruptions, effective training time {e.effective:.1%}")
@@ -400,16 +405,18 @@ def chosen(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: 
 
 
 def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None,
-            corpus_dir: Path | None = None, seed: int | None = None, planned: Planned | None = None) -> DryRun:
+            corpus_dir: Path | None = None, seed: int | None = None, planned: Planned | None = None,
+            measured: dict | None = None) -> DryRun:
     """The dry run's one-line plan of seed `seed` (the benchmark's first by default): the layout the seed
     runs (see chosen; or `planned`, already shaped), shaped by the workflow's `pretrain:` overrides, and
-    the launch line seed_run builds for it, as mlrepro.kinds.megatron runs them."""
+    the launch line seed_run builds for it, as mlrepro.kinds.megatron runs them; its failures priced with
+    the seeds' `measured` costs (see failures)."""
     overrides = overrides or {}
     p = planned or shaped(chosen(root, bench, system, overrides), overrides)
     sysconf = mlrepro_config.load_system(root, system)
     lines = describe(p, sysconf.scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
                      bench.seeds[0] if seed is None else seed, overrides.get("attention"),
-                     expected_failures=failures(p, bench, sysconf, overrides),
+                     expected_failures=failures(p, bench, sysconf, overrides, measured),
                      deterministic=bool(overrides.get("deterministic")))
     return DryRun(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 

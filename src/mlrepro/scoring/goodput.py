@@ -199,14 +199,33 @@ def checkpoint_interval(segments: Sequence[dict]) -> int | None:
     return statistics.mode(gaps) if gaps else None
 
 
+def run_pace(runs: Sequence[dict]) -> tuple[float | None, int | None]:
+    """(seconds per step, steps) of a benchmark's runs as their records (run.json's, or a reference's scored
+    runs) give them: each converged run's steps are its samples to converge / its global batch, its pace
+    its time / those steps (evaluations included: they are in the time a save interval spans); the
+    medians. (None, None) where no run says both."""
+    paces, steps = [], []
+    for run in runs:
+        samples, gbs, minutes = run.get("samples_to_converge"), run.get("global_batch_size"), run.get("minutes")
+        if samples and gbs and minutes:
+            steps.append(samples / gbs)
+            paces.append(minutes * 60 / steps[-1])
+    return (statistics.median(paces), round(statistics.median(steps))) if paces else (None, None)
+
+
 def seed_goodput_of(folder: Path, gpus_per_node: int = 1) -> dict | None:
-    """seed_goodput of a seed folder: its segments.json, its attempts and its run's time (run.json)."""
+    """seed_goodput of a seed folder: its segments.json, its attempts and its run's time (run.json), with the
+    checkpoint interval its plan chose (plan.json's checkpoint_interval: {steps, seconds, chosen_by}) as
+    `planned_interval`."""
     files = SeedPaths(folder)
     segments = (paths.read_json_if_exists(files.segments) or {}).get("segments") or []
     attempts = cost.seed_attempts(folder, gpus_per_node)
     run = paths.read_json_if_exists(files.run_json) or {}
     minutes = run.get("minutes")
-    return seed_goodput(segments, attempts, minutes * 60 if isinstance(minutes, (int, float)) else None)
+    g = seed_goodput(segments, attempts, minutes * 60 if isinstance(minutes, (int, float)) else None)
+    if g is not None:
+        g["planned_interval"] = (paths.read_plan(folder) or {}).get("checkpoint_interval")
+    return g
 
 
 def total(per_seed: Iterable[dict]) -> dict | None:
@@ -223,7 +242,10 @@ def total(per_seed: Iterable[dict]) -> dict | None:
             "restart_cost_s": _median(g["restart_cost_s"] for g in seeds),
             "checkpoint_cost_s": _median(g["checkpoint_cost_s"] for g in seeds),
             "checkpoint_interval_steps": _median(g["checkpoint_interval_steps"] for g in seeds),
-            "step_s": _median(g["step_s"] for g in seeds)}
+            "step_s": _median(g["step_s"] for g in seeds),
+            # the newest seed's: each seed's plan priced failures with the costs measured before it
+            "planned_interval": next((g["planned_interval"] for g in reversed(seeds) if g.get("planned_interval")),
+                                     None)}
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -272,6 +294,19 @@ def status_line(name: str, g: dict) -> str:
             f"{g['total_s']:.1f} s in {g['attempts']} attempt(s)); lost: {lost_words(g)}{queue}")
 
 
+def interval_words(g: dict) -> str:
+    """'checkpoint interval 20 steps (12.4 s at 0.620 s a step); planned 20 steps (Young/Daly)': what the
+    seeds measured and what their plan chose."""
+    interval, planned = g.get("checkpoint_interval_steps"), g.get("planned_interval")
+    words = (f"checkpoint interval {interval if interval is not None else '-'} steps"
+             + (f" ({interval * g['step_s']:.1f} s at {g['step_s']:.3f} s a step)" if interval and g.get("step_s") else ""))
+    if planned:
+        steps = planned.get("steps")
+        words += "; planned " + (f"{steps} steps" if steps is not None else "the implementation's own") + \
+            f" ({planned.get('chosen_by')})"
+    return words
+
+
 def _e(x: Any) -> str:
     return html.escape("" if x is None else str(x))
 
@@ -295,12 +330,10 @@ def section(score: dict) -> str:
                  *(_s(s["lost_s"][c]) for c in CAUSES), _s(s.get("queue_s"))]
         rows.append(f"<tr{' class=total' if name == 'all' else ''}>" + "".join(
             f"<td class='{'num' if i else ''}'>{c}</td>" for i, c in enumerate(cells)) + "</tr>")
-    interval = g.get("checkpoint_interval_steps")
     facts = [f"restart cost {_s(g.get('restart_cost_s'))} s (median of the attempts that resumed)",
              f"checkpoint write {_s(g.get('checkpoint_cost_s'))} s"
              + ("" if g.get("checkpoint_cost_s") is not None else " (the trainer does not time its writes)"),
-             f"checkpoint interval {interval if interval is not None else '-'} steps"
-             + (f" ({interval * g['step_s']:.1f} s at {g['step_s']:.3f} s a step)" if interval and g.get("step_s") else "")]
+             interval_words(g)]
     predicted = g.get("predicted")
     verdict = ""
     if predicted:

@@ -126,7 +126,7 @@ def test_the_dry_run_prints_the_expected_failures_next_to_the_planned_gpu_hours(
     bench = mlrepro_config.load_benchmark(ROOT, "gpt_13b")
     shown = megatron_plan.dry_run(ROOT, bench, "dgxh100-64x8", corpus_dir=tmp_path).describe.split(" | ")
     line = shown[1]
-    assert line.startswith("failures: MTBF 1,846.2 h on 2 node(s), restart 600 s, a save ")
+    assert line.startswith("failures: MTBF 1,846.2 h on 2 node(s), restart 600 s (configured), a save ")
     # gpt_13b has no segments: block, so it never saves: a failure restarts it from the beginning
     # gpt_13b has no segments: block, so it never saves: a failure restarts it from the beginning. The figures are
     # the plan's own (its step time moves with the cost model), printed as failures() computes them.

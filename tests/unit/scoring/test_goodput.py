@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mlrepro import paths
 from mlrepro.paths import SeedPaths
 from mlrepro.scoring import goodput
 from mlrepro.util.fsutil import atomic_write_json
@@ -93,15 +94,21 @@ def test_a_benchmark_sums_its_seeds_and_reads_them_from_their_folders(tmp_path):
             here = files.attempt(a["attempt"])
             here.folder.mkdir()
             atomic_write_json(here.record, a)
+    # seed 2's plan chose its interval (the kind writes it into plan.json); seed 1 ran before plans said
+    chosen = {"steps": 7, "seconds": 4.3, "chosen_by": "Young/Daly"}
+    atomic_write_json(paths.plan_file(tmp_path / "mini_gpt" / "seed_2"), {"checkpoint_interval": chosen})
     g = goodput.benchmark_goodput(tmp_path / "mini_gpt")
     one, two = g["seeds"]["1"], g["seeds"]["2"]
-    assert one == goodput.seed_goodput(segments, attempts)
+    assert one == {**goodput.seed_goodput(segments, attempts), "planned_interval": None}
+    assert two["planned_interval"] == g["planned_interval"] == chosen
     assert g["total_s"] == one["total_s"] + two["total_s"] == 104 + 34
     assert g["effective"] == pytest.approx((one["productive_s"] + two["productive_s"]) / 138)
     assert g["lost_s"]["failed_attempts"] == 9
     # the report's section and status's line say the same
     html = goodput.section({"goodput": g})
     assert "id='goodput-table'" in html and goodput.percent(g["effective"]) in html and "restart and start-up" in html
+    assert goodput.interval_words(g).startswith("checkpoint interval 20 steps (12.5 s at 0.624 s a step); planned 7 ")
+    assert goodput.interval_words(g) + "." in html and "planned 7 steps (Young/Daly)" in html
     assert goodput.status_line("seed 1", one).startswith(f"seed 1: effective training time {goodput.percent(one['effective'])}")
     row = goodput.summary_columns({"goodput": g})
     assert row["effective_training_time"] == g["effective"] and row["lost_failed_attempts_s"] == 9
