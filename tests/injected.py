@@ -3,12 +3,32 @@ with the benchmark's `inject_failures:` block."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
 from mlrepro.corpus import minicorpus
-from workspace import make_workspace, run_snakemake
+from mlrepro.paths import SeedPaths
+from mlrepro.util.fsutil import atomic_write_json
+from workspace import FIXTURES, make_workspace, run_snakemake
+
+# mini_gpt's seed 1 on the local Slurm cluster with failures injected: its segments.json and attempt
+# records as written (cut from tests/slurm/test_goodput_slurm.py's run).
+INJECTED_RUN = FIXTURES / "goodput" / "slurm_injected_seed_1.json"
+
+
+def injected_attempts(seed_dir: Path) -> dict:
+    """The seed folder's segments.json and attempt records those of that real run: its effective training
+    time, restart and checkpoint costs are then measured ones. Returns the run's records."""
+    run = json.loads(INJECTED_RUN.read_text())
+    files = SeedPaths(seed_dir)
+    files.folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(files.segments, {"segments": run["segments"]})
+    for record in run["attempts"]:
+        files.attempt(record["attempt"]).folder.mkdir(parents=True)
+        atomic_write_json(files.attempt(record["attempt"]).record, record)
+    return run
 
 
 def injected_workspace(tmp: Path, inject: dict, seeds: list[int]) -> Path:

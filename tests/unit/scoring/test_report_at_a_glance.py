@@ -19,13 +19,12 @@ import pytest
 import yaml
 
 import chromium_page
+from injected import injected_attempts
 from mlrepro import config as mlrepro_config
-from mlrepro.paths import SeedPaths
 from mlrepro.scoring import goodput
 from mlrepro.stages import container as stages_container
 from mlrepro.stages import report as stages_report
 from mlrepro.stages import score as stages_score
-from mlrepro.util.fsutil import atomic_write_json
 from workspace import make_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not chromium_page.available(), reason="apt-get install -y chromium")]
@@ -48,17 +47,6 @@ def shifted(src: Path, dest: Path, factor: float, benchmark: str) -> Path:
                 e["value"] = benchmark
             out.write(":::MLLOG " + json.dumps(e) + "\n")
     return dest
-
-
-def injected_attempts(seed_dir: Path) -> None:
-    """The seed folder's segments.json and attempt records those of a real run with failures injected
-    (tests/fixtures/goodput/): the report then has its effective training time to show."""
-    run = json.loads((Path(__file__).resolve().parents[2] / "fixtures/goodput/slurm_injected_seed_1.json").read_text())
-    files = SeedPaths(seed_dir)
-    atomic_write_json(files.segments, {"segments": run["segments"]})
-    for record in run["attempts"]:
-        files.attempt(record["attempt"]).folder.mkdir(parents=True)
-        atomic_write_json(files.attempt(record["attempt"]).record, record)
 
 
 @pytest.fixture(scope="module")
