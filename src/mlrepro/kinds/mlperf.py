@@ -183,7 +183,7 @@ def _saving(settings: Settings, bench: Benchmark, cfg, limits: chain.Limits) -> 
         env = {var: str(chosen)}
     interval_s = chosen * pace if chosen else None
     e = goodput.expected(run, interval_s)
-    every = f"every {chosen:,} steps ({interval_s:.1f} s" if chosen else f"the implementation's own interval ("
+    every = f"every {chosen:,} steps ({interval_s:.1f} s" if chosen else "the implementation's own interval ("
     line = (f"failures: {goodput.costs_words(model, run, size)}: checkpoint {every} at {pace:.3g} s a step, "
             f"{pace_from}; {by}); expected {e.interruptions:.2g} interruptions in a run of {steps:,} steps, "
             f"effective training time {e.effective:.1%}")
