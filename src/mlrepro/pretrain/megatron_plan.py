@@ -152,7 +152,7 @@ def data_mount(corpus_dir: Path, scheduler: str) -> str:
 
 def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention: str | None = None, *,
              prepared: bool = True, save: str = "", save_interval: int = 0,
-             deterministic: bool = False) -> megatron_launch.Run:
+             deterministic: bool = False, tensorboard_dir: str = "") -> megatron_launch.Run:
     """Seed `seed`'s Megatron-LM run of the planned benchmark. The one builder: the seed runs it
     (mlrepro.kinds.megatron.plan_seed) and the dry run and the plan command show it (launch_line), so what
     a plan shows is what the seed runs.
@@ -162,7 +162,7 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
     prepared=False, what they have not written yet shows as UNPREPARED; a seed (prepared=True)
     refuses to start without it. `save`: the checkpoint folder of a chained seed (--save and --load),
     written every `save_interval` iterations. `deterministic`: Megatron-LM's bit-reproducible mode (the
-    workflow's `pretrain: {deterministic: true}`)."""
+    workflow's `pretrain: {deterministic: true}`). `tensorboard_dir`: where Megatron-LM writes its event files."""
     missing = unprepared(corpus_dir)
     if missing and prepared:
         raise mlrepro_config.ConfigError(f"{missing[0]} is missing: run the corpus stages")
@@ -172,7 +172,8 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
     return megatron_launch.Run(p.variant.model, p.layout, p.iterations,
                                data_prefix=tuple(prefix or unprepared_prefix(mount)), pretokenized_vocab=vocab,
                                seed=seed, warmup_iters=max(1, p.iterations // 10), sdpa=attention == "sdpa",
-                               save=save, save_interval=save_interval, deterministic=deterministic)
+                               save=save, save_interval=save_interval, deterministic=deterministic,
+                               tensorboard_dir=tensorboard_dir)
 
 
 def ds_config(p: Planned) -> dict:
