@@ -186,13 +186,14 @@ def ds_config(p: Planned) -> dict:
 
 
 def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
-                max_time_margin_min: int = 30, *, deterministic: bool = False) -> str:
+                max_time_margin_min: int = 30, *, deterministic: bool = False, tensorboard_dir: str = "") -> str:
     """The exact command that starts seed `seed` of the run, on the corpus in corpus_dir (UNPREPARED
     standing for what the corpus stages have not written yet)."""
     v, lay, per_node = p.variant, p.layout, p.facts.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
     if v.launcher == "megatron":
-        run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic)
+        run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic,
+                       tensorboard_dir=tensorboard_dir)
         if scheduler == "slurm":
             return megatron_launch.srun_line(run, MEGATRON_IMAGE, "${DATADIR}:/data:ro,${LOGDIR}:/results:rw",
                                              gpus_per_node=per_node)
@@ -320,9 +321,10 @@ def failures_line(p: Planned, f: Failures) -> str:
 
 
 def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
-             expected_failures: Failures | None = None, *, deterministic: bool = False) -> list[str]:
+             expected_failures: Failures | None = None, *, deterministic: bool = False,
+             tensorboard_dir: str = "") -> list[str]:
     """The plan's lines: shape, layout, memory, wall time, the expected failures (where given), then the
-    exact launch line(s) of seed `seed`."""
+    exact launch line(s) of seed `seed` (writing its event files into `tensorboard_dir`, its seed folder's)."""
     v, lay, facts = p.variant, p.layout, p.facts
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
     # Megatron-LM's line carries the seed number (--seed): say whose line it is. The other launchers'
@@ -340,7 +342,8 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
     elif v.launcher == "megatron" and scheduler == "slurm":
         out.append(f"  sbatch -N {nodes} --ntasks-per-node={per_node} --gpus-per-node={per_node} "
                    f"-t {math.ceil(p.hours * 60) + 10} implementations/megatron_gpt/run.sub")
-    out.append("  " + launch_line(p, scheduler, corpus_dir, seed, attention, deterministic=deterministic))
+    out.append("  " + launch_line(p, scheduler, corpus_dir, seed, attention, deterministic=deterministic,
+                                  tensorboard_dir=tensorboard_dir))
     return out
 
 
@@ -362,8 +365,10 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     for v in ([table[variant]] if variant else table.values()):
         try:
             planned = plan(v, facts)
-            out += describe(planned, sysconf.scheduler, corpus_dir, bench.seeds[0] if seed is None else seed,
-                            expected_failures=failures(planned, bench, sysconf))
+            shown = bench.seeds[0] if seed is None else seed
+            out += describe(planned, sysconf.scheduler, corpus_dir, shown,
+                            expected_failures=failures(planned, bench, sysconf),
+                            tensorboard_dir=str(paths.SeedPaths.of(root, bench.name, shown).tensorboard))
         except Refused as exc:
             refused.append(str(exc))
     return "\n".join(out), refused
@@ -408,10 +413,12 @@ def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides:
     overrides = overrides or {}
     p = planned or shaped(chosen(root, bench, system, overrides), overrides)
     sysconf = mlrepro_config.load_system(root, system)
+    seed = bench.seeds[0] if seed is None else seed
     lines = describe(p, sysconf.scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
-                     bench.seeds[0] if seed is None else seed, overrides.get("attention"),
+                     seed, overrides.get("attention"),
                      expected_failures=failures(p, bench, sysconf, overrides),
-                     deterministic=bool(overrides.get("deterministic")))
+                     deterministic=bool(overrides.get("deterministic")),
+                     tensorboard_dir=str(paths.SeedPaths.of(root, bench.name, seed).tensorboard))
     return DryRun(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 
 
