@@ -8,6 +8,7 @@ so the page needs nothing beside it.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -18,6 +19,8 @@ from mlrepro.scoring.page import CSS, VIEWPORT, escape, number
 from mlrepro.scoring.plots import inline_svg, plt
 from mlrepro.util.fsutil import atomic_write_text
 from mlrepro.scoring.mllog import parse_log
+
+logger = logging.getLogger(__name__)
 
 def _evals_by_run(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None) -> list[tuple[str, list]]:
     metric = score["target"]["metric"]
@@ -54,6 +57,8 @@ def _trainer_validation(log_path: Path, run: dict) -> list:
     curves = tfevents.trainer_curves(SeedPaths(log_path.parent).tensorboard)
     if curves is None:
         return []
+    for why in curves.skipped:
+        logger.warning("the report's curve leaves out part of an event file: %s", why)
     return tfevents.validation_vs_samples(curves, run.get("global_batch_size"))
 
 

@@ -115,7 +115,7 @@ def _read_file(path: Path, series: dict[str, list[tuple[int, float]]]) -> str | 
                 for value in event.summary.value:
                     _add(series, value.tag, event.step, _scalar(value))
             consumed += len(record) + 16  # the record's frame: length (8), its CRC (4), data, the data's CRC (4)
-    except Exception as exc:  # noqa: BLE001 - any bytes at all: a bad record (a huge length, a proto that is no Event) stops the file, never the caller
+    except Exception as exc:  # any bytes at all: a bad record (a huge length, a proto that is no Event) ends the file, never the caller
         return f"unreadable after {consumed:,} bytes ({type(exc).__name__}: {str(exc)[:200]})"
     if consumed == 0 and st.st_size:
         return "no readable record: not an event file, or corrupt from its first byte"
