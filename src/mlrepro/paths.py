@@ -14,6 +14,11 @@ named by `SeedPaths` alone (its attempts' folders by `AttemptPaths`):
   diverged.json its running attempt left the reference runs' band (cancelled, with early_stop.cancel_diverged)
   finished.json what mllog.txt held when the seed finished (mlrepro.launch.finished)
   segments.json, checkpoints/   a chain of time-limited segments (mlrepro.launch.chain)
+  tensorboard/  the trainer's own TensorBoard event files, where it writes them (Megatron-LM's --tensorboard-dir)
+
+Per seed, its scored curve as TensorBoard event files: results/tensorboard/<benchmark>/seed_<seed>/ (the
+score_seed stage; mlrepro.scoring.tfevents), one folder under results/ for `tensorboard --logdir results/`
+beside the trainers' own.
 
 Per system: results/plan/<system>/ (calibration.json, observed.json; mlrepro.plan.calibration).
 Per benchmark, a trial of the planner's candidates: results/<benchmark>/trials/ (mlrepro.kinds.plan_trial).
@@ -38,6 +43,7 @@ from typing import Any
 from mlrepro.util.records import Record
 
 SEED_DIR_PATTERN = "results/{benchmark}/seed_{seed}"
+SCORED_TENSORBOARD_PATTERN = "results/tensorboard/{benchmark}/seed_{seed}"
 _SEED_DIR_NAME = re.compile(r"^seed_(\d+)$")
 _ATTEMPT_DIR_NAME = re.compile(r"^attempt_(\d+)$")
 
@@ -142,6 +148,7 @@ class SeedPaths:
     FAILURE_RESERVE = ".failure.reserve"
     MEGATRON_LAUNCH = "launch.sh"
     MEGATRON_ARGS = "megatron_args.txt"
+    TENSORBOARD = "tensorboard"
 
     def __post_init__(self):
         object.__setattr__(self, "folder", Path(self.folder))
@@ -246,6 +253,16 @@ class SeedPaths:
         """A Slurm Megatron seed's per-rank pretrain_gpt.py arguments, read by run.sub (mlrepro.kinds.megatron)."""
         return self.folder / self.MEGATRON_ARGS
 
+    @property
+    def tensorboard(self) -> Path:
+        """tensorboard/: the trainer's own event files (Megatron-LM's --tensorboard-dir), kept across attempts."""
+        return self.folder / self.TENSORBOARD
+
+    @property
+    def scored_tensorboard(self) -> Path:
+        """results/tensorboard/<benchmark>/seed_<seed>/: the seed's scored curve as event files (score_seed)."""
+        return scored_tensorboard_dir(self.root, self.benchmark_dir.name, self.seed)
+
     def attempt(self, number: int) -> AttemptPaths:
         return AttemptPaths(self.folder / f"attempt_{number}")
 
@@ -266,6 +283,11 @@ def seed_file_pattern(name: str) -> str:
 def seed_files(benchmark: str, seeds, name: str) -> list[str]:
     """The relative paths of `name` in each of the seeds' folders (Snakemake inputs)."""
     return [f"{SEED_DIR_PATTERN.format(benchmark=benchmark, seed=s)}/{name}" for s in seeds]
+
+
+def scored_tensorboard_dir(root: Path, benchmark: str, seed: int) -> Path:
+    """results/tensorboard/<benchmark>/seed_<seed>/: a seed's scored curve as TensorBoard event files."""
+    return Path(root) / SCORED_TENSORBOARD_PATTERN.format(benchmark=benchmark, seed=seed)
 
 
 def seed_dirs(benchmark_folder: Path) -> dict[int, Path]:

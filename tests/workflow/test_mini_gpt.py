@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlrepro.scoring import mllog
+from mlrepro.scoring import mllog, tfevents
 from mlrepro.slurm import client as slurm
 from mlrepro.corpus import minicorpus
 from mlrepro.formats import checkpoints
@@ -106,6 +106,10 @@ def test_end_to_end_locally_from_the_corpus_stages(scored):
         assert [s["status"] for s in r["segments"]] == ["success"]
     assert (ws / "results/mini_gpt/report.html").is_file()
     assert json.loads((ws / "results/mini_gpt/verdict.json").read_text())
+    # Each scored seed's curve as TensorBoard event files, read back through tensorboard's reader as run.json has it
+    for r in runs:
+        scored = tfevents.read_scalars(ws / f"results/tensorboard/mini_gpt/seed_{r['seed']}")
+        assert scored.skipped == [] and scored.series == {"eval_accuracy vs samples": [tuple(e) for e in r["evals"]]}
     # Checkpoints kept by policy (config_common.sh): the best two by val_loss plus the last, never more.
     kept = checkpoints.listing(ws / "results/mini_gpt/seed_1/checkpoints")
     assert 2 <= len(kept) <= 3

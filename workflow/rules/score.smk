@@ -3,6 +3,8 @@ rule score_seed:
         seed_file("mllog.txt"),
     output:
         seed_file("run.json"),
+        # The seed's scored curve as TensorBoard event files, beside every other seed's under results/tensorboard/.
+        tensorboard=directory(paths.SCORED_TENSORBOARD_PATTERN),
     log:
         "logs/{benchmark}/score_seed_{seed}.log",
     localrule: True

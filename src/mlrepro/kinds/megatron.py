@@ -81,8 +81,11 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
         walltime = chain.walltime_minutes(limits, walltime)
     description = ""
     if prepared:
+        # Megatron's event files in the seed's folder, one for every attempt: the report's curves and
+        # `mlrepro status` read them (mlrepro.scoring.tfevents), the log where there are none.
         run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"),
-                                     deterministic=bool(overrides.get("deterministic")), **save)
+                                     deterministic=bool(overrides.get("deterministic")),
+                                     tensorboard_dir=str(files.tensorboard), **save)
         if slurm:
             env |= {"MEGATRON_ARGS_FILE": str(files.megatron_args), "DATADIR": str(corpus_dir.resolve()),
                     "CONT": str(overrides.get("image") or "${CONT}")}

@@ -59,6 +59,8 @@ class Run:
     # Megatron-LM's --deterministic-mode: torch's deterministic algorithms, NCCL_ALGO=Ring and a fixed cuBLAS
     # workspace (megatron/training/determinism.py), so a resumed chain can be compared bit for bit.
     deterministic: bool = False
+    # Megatron-LM's own TensorBoard event files (its last rank writes them), read back by mlrepro.scoring.tfevents.
+    tensorboard_dir: str = ""
     extra: tuple = ()
 
 
@@ -102,6 +104,9 @@ def pretrain_args(run: Run) -> list[str]:
     args += ["--log-interval", str(run.log_interval), "--eval-interval", str(run.eval_interval),
              "--eval-iters", str(run.eval_iters), "--log-throughput",
              "--timing-log-level", "0"]
+    if run.tensorboard_dir:
+        # --log-timers-to-tensorboard adds 'iteration-time'; the losses are written whenever a folder is given.
+        args += ["--tensorboard-dir", run.tensorboard_dir, "--log-timers-to-tensorboard"]
     if run.save:
         args += ["--save", run.save, "--load", run.save, "--save-interval", str(run.save_interval or run.train_iters),
                  # SIGUSR1 (Slurm's --signal, or the local backend before the job's limit): save, then exit 0.

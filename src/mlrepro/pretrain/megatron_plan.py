@@ -152,7 +152,7 @@ def data_mount(corpus_dir: Path, scheduler: str) -> str:
 
 def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention: str | None = None, *,
              prepared: bool = True, save: str = "", save_interval: int = 0,
-             deterministic: bool = False) -> megatron_launch.Run:
+             deterministic: bool = False, tensorboard_dir: str = "") -> megatron_launch.Run:
     """Seed `seed`'s Megatron-LM run of the planned benchmark. The one builder: the seed runs it
     (mlrepro.kinds.megatron.plan_seed) and the dry run and the plan command show it (launch_line), so what
     a plan shows is what the seed runs.
@@ -162,7 +162,7 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
     prepared=False, what they have not written yet shows as UNPREPARED; a seed (prepared=True)
     refuses to start without it. `save`: the checkpoint folder of a chained seed (--save and --load),
     written every `save_interval` iterations. `deterministic`: Megatron-LM's bit-reproducible mode (the
-    workflow's `pretrain: {deterministic: true}`)."""
+    workflow's `pretrain: {deterministic: true}`). `tensorboard_dir`: where Megatron-LM writes its event files."""
     missing = unprepared(corpus_dir)
     if missing and prepared:
         raise mlrepro_config.ConfigError(f"{missing[0]} is missing: run the corpus stages")
@@ -172,7 +172,8 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
     return megatron_launch.Run(p.variant.model, p.layout, p.iterations,
                                data_prefix=tuple(prefix or unprepared_prefix(mount)), pretokenized_vocab=vocab,
                                seed=seed, warmup_iters=max(1, p.iterations // 10), sdpa=attention == "sdpa",
-                               save=save, save_interval=save_interval, deterministic=deterministic)
+                               save=save, save_interval=save_interval, deterministic=deterministic,
+                               tensorboard_dir=tensorboard_dir)
 
 
 def ds_config(p: Planned) -> dict:
@@ -185,13 +186,14 @@ def ds_config(p: Planned) -> dict:
 
 
 def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
-                max_time_margin_min: int = 30, *, deterministic: bool = False) -> str:
+                max_time_margin_min: int = 30, *, deterministic: bool = False, tensorboard_dir: str = "") -> str:
     """The exact command that starts seed `seed` of the run, on the corpus in corpus_dir (UNPREPARED
     standing for what the corpus stages have not written yet)."""
     v, lay, per_node = p.variant, p.layout, p.facts.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
     if v.launcher == "megatron":
-        run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic)
+        run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic,
+                       tensorboard_dir=tensorboard_dir)
         if scheduler == "slurm":
             return megatron_launch.srun_line(run, MEGATRON_IMAGE, "${DATADIR}:/data:ro,${LOGDIR}:/results:rw",
                                              gpus_per_node=per_node)
@@ -324,9 +326,10 @@ def failures_line(p: Planned, f: Failures) -> str:
 
 
 def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
-             expected_failures: Failures | None = None, *, deterministic: bool = False) -> list[str]:
+             expected_failures: Failures | None = None, *, deterministic: bool = False,
+             tensorboard_dir: str = "") -> list[str]:
     """The plan's lines: shape, layout, memory, wall time, the expected failures (where given), then the
-    exact launch line(s) of seed `seed`."""
+    exact launch line(s) of seed `seed` (writing its event files into `tensorboard_dir`, its seed folder's)."""
     v, lay, facts = p.variant, p.layout, p.facts
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
     # Megatron-LM's line carries the seed number (--seed): say whose line it is. The other launchers'
@@ -344,7 +347,8 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
     elif v.launcher == "megatron" and scheduler == "slurm":
         out.append(f"  sbatch -N {nodes} --ntasks-per-node={per_node} --gpus-per-node={per_node} "
                    f"-t {math.ceil(p.hours * 60) + 10} implementations/megatron_gpt/run.sub")
-    out.append("  " + launch_line(p, scheduler, corpus_dir, seed, attention, deterministic=deterministic))
+    out.append("  " + launch_line(p, scheduler, corpus_dir, seed, attention, deterministic=deterministic,
+                                  tensorboard_dir=tensorboard_dir))
     return out
 
 
@@ -366,8 +370,10 @@ def render(root: Path, benchmark: str, system: str, variant: str | None = None,
     for v in ([table[variant]] if variant else table.values()):
         try:
             planned = plan(v, facts)
-            out += describe(planned, sysconf.scheduler, corpus_dir, bench.seeds[0] if seed is None else seed,
-                            expected_failures=failures(planned, bench, sysconf))
+            shown = bench.seeds[0] if seed is None else seed
+            out += describe(planned, sysconf.scheduler, corpus_dir, shown,
+                            expected_failures=failures(planned, bench, sysconf),
+                            tensorboard_dir=str(paths.SeedPaths.of(root, bench.name, shown).tensorboard))
         except Refused as exc:
             refused.append(str(exc))
     return "\n".join(out), refused
@@ -414,10 +420,12 @@ def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides:
     overrides = overrides or {}
     p = planned or shaped(chosen(root, bench, system, overrides), overrides)
     sysconf = mlrepro_config.load_system(root, system)
+    seed = bench.seeds[0] if seed is None else seed
     lines = describe(p, sysconf.scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
-                     bench.seeds[0] if seed is None else seed, overrides.get("attention"),
+                     seed, overrides.get("attention"),
                      expected_failures=failures(p, bench, sysconf, overrides, measured),
-                     deterministic=bool(overrides.get("deterministic")))
+                     deterministic=bool(overrides.get("deterministic")),
+                     tensorboard_dir=str(paths.SeedPaths.of(root, bench.name, seed).tensorboard))
     return DryRun(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 
 

@@ -6,6 +6,9 @@ and Megatron-LM's training log (megatron/training/training.py, training_log):
     iteration      120/     400 | consumed samples: 3840 | elapsed time per iteration (ms): 130.0 | ... lm loss: 3.52E+00 |
 (Megatron prints samples, not tokens: tokens are samples x SEQ_LEN when the run's environment
 says it). The ETA is the steps left to the last step at the mean of the recent iteration times.
+Where the trainer also writes TensorBoard event files into the seed's folder (Megatron-LM's
+--tensorboard-dir), the losses come from them: the training loss of every iteration, and the last
+validation loss, which the progress lines do not carry.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from pathlib import Path
 
 from mlrepro import paths
+from mlrepro.scoring import tfevents
 
 MINI = re.compile(r"progress: step (\d+)/(\d+) tokens (\d+) loss ([-\d.eE+naif]+) iter_s ([\d.eE+-]+)")
 MEGATRON = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?consumed samples:\s+(\d+) \|"
@@ -60,13 +64,35 @@ def live(seed_dir: Path) -> dict | None:
     if found is not None:
         found["segment"] = job.attempt
         found["age_s"] = round(time.time() - log.stat().st_mtime, 1)
+        tb = trainer_losses(seed_dir)
+        # The event files are flushed every 2 minutes or so: their training loss stands where it is as recent
+        # as the log's (each iteration's, where the log prints every tenth), the log's where it is newer.
+        if "loss" in tb and (found["loss"] is None or tb["loss_step"] >= found["step"]):
+            found["loss"], found["loss_step"] = tb["loss"], tb["loss_step"]
+        found.update({k: tb[k] for k in ("val_loss", "val_step") if k in tb})
     return found
+
+
+def trainer_losses(seed_dir: Path) -> dict:
+    """The latest training and validation losses of the trainer's event files (with their steps); {} where it
+    writes none, or they hold no loss yet (the log's loss stands)."""
+    curves = tfevents.trainer_curves(paths.SeedPaths(seed_dir).tensorboard)
+    out = {}
+    if curves is not None and curves.training:
+        out["loss_step"], out["loss"] = curves.training[-1]
+    if curves is not None and curves.validation:
+        out["val_step"], out["val_loss"] = curves.validation[-1]
+    return out
 
 
 def describe(p: dict) -> str:
     """'step 120/400, 245,760 tokens, loss 3.520, ETA 0:36 (0.130 s/step)'."""
     tokens = f", {p['tokens']:,} tokens" if p.get("tokens") is not None else ""
     loss = f", loss {p['loss']:.3f}" if p.get("loss") is not None else ""
+    if loss and p.get("loss_step") not in (None, p["step"]):
+        loss += f" at step {p['loss_step']}"
+    if p.get("val_loss") is not None:
+        loss += f", validation loss {p['val_loss']:.3f} at step {p['val_step']}"
     return (f"step {p['step']}/{p['max_steps']}{tokens}{loss}, ETA {format_elapsed(p['eta_s'])} "
             f"({p['iter_s']:.3f} s/step)")
 

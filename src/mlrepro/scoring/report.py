@@ -8,15 +8,19 @@ so the page needs nothing beside it.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mlrepro.scoring import page
+from mlrepro.paths import SeedPaths
+from mlrepro.scoring import page, tfevents
 from mlrepro.scoring.page import CSS, VIEWPORT, escape, number
 from mlrepro.scoring.plots import inline_svg, plt
 from mlrepro.util.fsutil import atomic_write_text
 from mlrepro.scoring.mllog import parse_log
+
+logger = logging.getLogger(__name__)
 
 def _evals_by_run(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None) -> list[tuple[str, list]]:
     metric = score["target"]["metric"]
@@ -28,17 +32,34 @@ def _evals_by_run(score: dict, logs: Mapping[Any, Any] | Sequence[Any] | None) -
         paths = {i: p for i, p in enumerate(logs)}
     out = []
     if paths:
+        run_of = {str(r.get("file")): r for r in runs}
         for label, path in paths.items():
             log = parse_log(path)
             pts = [(r.metadata.get("samples_count"), r.value) for r in log.all(metric)]
             pts = [(s, v) for s, v in pts if isinstance(s, (int, float)) and isinstance(v, (int, float))]
-            seed = log.value("seed", label)
+            run = run_of.get(str(path)) or {}
+            pts = _trainer_validation(Path(path), run) or pts or _run_evals(run)
+            seed = log.value("seed", run.get("seed", label))
             out.append((f"seed {seed}", pts))
     else:
         for r in runs:
-            pts = [(s, v) for s, v in (r.get("evals") or []) if s is not None and v is not None]
-            out.append((f"seed {r.get('seed')}", pts))
+            out.append((f"seed {r.get('seed')}", _run_evals(r)))
     return out
+
+
+def _run_evals(run: dict) -> list:
+    return [(s, v) for s, v in (run.get("evals") or []) if s is not None and v is not None]
+
+
+def _trainer_validation(log_path: Path, run: dict) -> list:
+    """The validation loss by samples from the event files the trainer wrote beside the seed's log (Megatron-LM's
+    --tensorboard-dir: every evaluation it made, where its log may have lost lines); [] where it wrote none."""
+    curves = tfevents.trainer_curves(SeedPaths(log_path.parent).tensorboard)
+    if curves is None:
+        return []
+    for why in curves.skipped:
+        logger.warning("the report's curve leaves out part of an event file: %s", why)
+    return tfevents.validation_vs_samples(curves, run.get("global_batch_size"))
 
 
 def _eval_plot(score: dict, series: list[tuple[str, list]], measures: str | None = None) -> str:

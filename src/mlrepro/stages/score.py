@@ -11,7 +11,7 @@ from mlrepro.config import ConfigError
 from mlrepro.kinds import mlperf
 from mlrepro.launch import chain, finished, job
 from mlrepro.plan import goodput as failure_model
-from mlrepro.scoring import cost, cost_report, early_stop, goodput
+from mlrepro.scoring import cost, cost_report, early_stop, goodput, tfevents
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.scoring import score as scoring
 from mlrepro.scoring import verdict as verdicts
@@ -23,13 +23,17 @@ log = logging.getLogger("mlrepro.stages")
 
 
 @rule(lambda smk, s: ((s, smk.wildcards.benchmark, int(smk.wildcards.seed), Path(smk.input[0]),
-                       Path(smk.output[0])), {}))
-def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path) -> None:
-    """run.json of the seed, scored by its kind with the plan it ran (plan.json)."""
+                       Path(smk.output[0])), {"tensorboard_dir": Path(smk.output.tensorboard)}))
+def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path, *,
+               tensorboard_dir: Path | None = None) -> None:
+    """run.json of the seed, scored by its kind with the plan it ran (plan.json), and its scored curve as
+    TensorBoard event files (results/tensorboard/<benchmark>/seed_<seed>/, mlrepro.scoring.tfevents)."""
     bench = settings.benchmark(benchmark)
     seed_dir = mllog_path.parent
+    tensorboard_dir = tensorboard_dir or paths.scored_tensorboard_dir(settings.root, benchmark, seed)
     if early_stop.is_stopped(seed_dir):
         RunRecord.not_run(seed, "not run: the early stop settled the reproduction").write(out)
+        tfevents.write_scalars(tensorboard_dir, {})  # no curve: an empty run, so the folder says the seed was scored
         return
     record = RunRecord.of(kinds.of(bench).score_seed(settings, bench, seed, mllog_path, job.read_plan(seed_dir)))
     record = record.with_segments(chain.summary(seed_dir))  # a pretraining seed run as a chain of time-limited jobs
@@ -40,6 +44,8 @@ def score_seed(settings, benchmark: str, seed: int, mllog_path: Path, out: Path)
         record = record.changed_after(why, rerun)
         log.warning("seed %s: %s; redo it with: %s", seed, why, rerun)
     record.write(out)
+    tfevents.write_scalars(tensorboard_dir, tfevents.scored_series(
+        record.to_json(), scoring_rules.for_benchmark(bench).target_metric))
 
 
 def _score_arguments(smk, s):

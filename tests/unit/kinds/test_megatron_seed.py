@@ -19,6 +19,7 @@ from mlrepro.formats import indexed
 from mlrepro.launch import job as launch
 from mlrepro.kinds import megatron as megatron_seed
 from mlrepro.pretrain import megatron_plan
+from mlrepro.scoring import tfevents
 from workspace import make_workspace, run_snakemake
 import workspace
 
@@ -57,6 +58,8 @@ def test_local_seed_runs_the_planners_torchrun_line_on_the_blend(tmp_path):
     assert (flag("--train-iters"), flag("--global-batch-size"), flag("--micro-batch-size")) == ("300", "16", "8")
     assert argv[argv.index("--data-path") + 2] == str(ws / "resources/corpora/mini_corpus/preprocessed/train_chunk_0_text_document")
     assert (flag("--tokenizer-type"), flag("--vocab-size"), flag("--seed")) == ("NullTokenizer", "554", "1")
+    # Megatron-LM's own event files into the seed's folder, read by the report and `mlrepro status`
+    assert flag("--tensorboard-dir") == str(plan.seed_dir / "tensorboard") and "--log-timers-to-tensorboard" in argv
     assert argv[-3:] == ["--spec", "sdpa_spec", "sdpa_layer_spec"]
     # Megatron-LM is put in place once, from the folder (or tarball) the settings name.
     assert (Path(plan.env["MEGATRON_DIR"]) / "pretrain_gpt.py").is_file()
@@ -96,9 +99,10 @@ def test_the_dry_run_shows_the_line_each_seed_runs(tmp_path, system):
             assert argv[0] == "srun" and argv[argv.index("python") + 2:] == shlex.split(runs[seed])
         else:
             assert shown == runs[seed]
-    # The seeds' lines differ by the seed number alone.
+    # The seeds' lines differ by the seed number and the folder each writes its event files into alone.
     a, b = (shlex.split(runs[seed]) for seed in bench.seeds)
-    assert [(x, y) for x, y in zip(a, b, strict=True) if x != y] == [("3", "8")]
+    folders = tuple(str(ws / f"results/gpt_126m/seed_{seed}/tensorboard") for seed in bench.seeds)
+    assert [(x, y) for x, y in zip(a, b, strict=True) if x != y] == [("3", "8"), folders]
     assert a[a.index("--seed") + 1] == "3"
 
 
@@ -186,6 +190,17 @@ def test_gpt_seed_through_the_workflow_from_the_corpus_stages(tmp_path):
     assert run["source"] == "megatron" and run["status"] == "success" and run["seed"] == 1
     assert run["curve"][-1][0] == 30 and run["throughput"]["peak_tflops"] == 989
     assert run["throughput"]["tokens_per_s"] > 0
+    # The trainer's event files (the stand-in writes them as Megatron-LM does): every iteration's loss, of which the
+    # log prints every tenth, and the validations the run record has from the log.
+    trained = tfevents.trainer_curves(seed / "tensorboard")
+    assert [s for s, _ in trained.training] == list(range(1, 31)) and trained.skipped == []
+    by_step = dict(trained.training)
+    assert all(by_step[i] == pytest.approx(loss, rel=1e-5) for i, loss in run["curve"])
+    assert [v for _, v in trained.validation_by_samples] == pytest.approx([v for _, v in run["evals"]], rel=1e-5)
+    # ... and the scored curve, under results/tensorboard/ beside every other seed's, reads back as run.json has it
+    scored = tfevents.read_scalars(ws / "results/tensorboard/gpt_126m/seed_1")
+    assert scored.series == tfevents.scored_series(run, "val_loss") and set(scored.series) == {"val_loss vs samples",
+                                                                                                "lm loss"}
     score = json.loads((ws / "results/gpt_126m/score.json").read_text())
     assert score["runs_failed"] + score["runs_counted"] == 1
     # learn from every run: the seed's measured step kept beside the plan's prediction, the fit redone
