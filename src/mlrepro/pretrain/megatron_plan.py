@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import json
 import math
-import shlex
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -29,7 +28,8 @@ from mlrepro.pretrain import megatron_launch
 
 NEMO_MAIN = "/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py"
 MEGATRON_IMAGE = "${CONT}"  # the image the implementation's Dockerfile builds (Megatron-LM at the pinned commit)
-NOT_LAUNCHED = "mlrepro trains seeds with Megatron-LM only (launcher: megatron)"
+NOT_LAUNCHED = ("mlrepro trains seeds with Megatron-LM (launcher: megatron) and Megatron-DeepSpeed "
+                "(launcher: megatron-deepspeed) only")
 UNPREPARED = "UNPREPARED"  # stands in a dry run's line for what the corpus stages have not written yet
 # What a run reads of a corpus folder (the corpus stages write them): the blend and the tokenizer's files.
 BLEND, VOCAB, MERGES = "data_prefix.json", "tokenizer/vocab.json", "tokenizer/merges.txt"
@@ -52,6 +52,7 @@ class Variant:
     launcher: str = "megatron"  # megatron | megatron-deepspeed | nemo
     nemo_training: str | None = None  # NeMo launcher config, e.g. gpt3/7b_improved
     zero_stage: int = 1
+    ds_config: str = ""  # JSON of the layout's `ds_config:` block, set over the generated ds_config.json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +85,7 @@ def variants(bench: mlrepro_config.Benchmark) -> dict[str, Variant]:
             benchmark=bench.name, name=lay["name"], model=pre["model"], tokens=float(pre["tokens"]),
             gbs=int(lay.get("gbs", pre["gbs"])), tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
             launcher=lay.get("launcher", pre.get("launcher", "megatron")), nemo_training=pre.get("nemo_training"),
-            zero_stage=int(lay.get("zero_stage", 1)))
+            zero_stage=int(lay.get("zero_stage", 1)), ds_config=json.dumps(lay.get("ds_config") or {}))
     return out
 
 
@@ -176,20 +177,28 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
 
 
 def ds_config(p: Planned) -> dict:
-    """Megatron-DeepSpeed's ds_config.json for the layout (the Megatron-DeepSpeed guide)."""
+    """Megatron-DeepSpeed's ds_config.json for the layout (the Megatron-DeepSpeed guide), with the
+    benchmark layout's `ds_config:` block over it (a nested block merged key by key)."""
     lay = p.layout
-    return {"train_batch_size": lay.gbs, "train_micro_batch_size_per_gpu": lay.mbs,
-            "gradient_accumulation_steps": lay.ga, "steps_per_print": 10, "gradient_clipping": 1.0,
-            "zero_optimization": {"stage": p.variant.zero_stage}, "bf16": {"enabled": True},
-            "wall_clock_breakdown": False}
+    cfg = {"train_batch_size": lay.gbs, "train_micro_batch_size_per_gpu": lay.mbs,
+           "gradient_accumulation_steps": lay.ga, "steps_per_print": 10, "gradient_clipping": 1.0,
+           "zero_optimization": {"stage": p.variant.zero_stage}, "bf16": {"enabled": True},
+           "wall_clock_breakdown": False}
+    for key, value in json.loads(p.variant.ds_config or "{}").items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
+    return cfg
 
 
 def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
                 max_time_margin_min: int = 30, *, deterministic: bool = False) -> str:
     """The exact command that starts seed `seed` of the run, on the corpus in corpus_dir (UNPREPARED
     standing for what the corpus stages have not written yet)."""
-    v, lay, per_node = p.variant, p.layout, p.facts.gpus_per_node
-    nodes = max(1, lay.gpus // per_node)
+    v, per_node = p.variant, p.facts.gpus_per_node
+    if v.launcher == "megatron-deepspeed":
+        # Its own module's line (the kind runs it); imported here, not at the top: that module builds on this one.
+        from mlrepro.pretrain import megatron_deepspeed
+
+        return megatron_deepspeed.launch_line(p, scheduler, corpus_dir, seed)
     if v.launcher == "megatron":
         run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic)
         if scheduler == "slurm":
@@ -198,15 +207,7 @@ def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attenti
         return megatron_launch.torchrun_line(run)
     prefix, vocab, merges = data_prefix_of(corpus_dir)
     prefix = prefix or unprepared_prefix("/data")
-    if v.launcher == "nemo":
-        return nemo_line(p, prefix, vocab, merges, max_time_margin_min)
-    # The Megatron-DeepSpeed guide's command as it ran: that fork reads the GPT-2 BPE files and has none
-    # of the pinned Megatron-LM's local-implementation or attention-spec flags that seed_run adds.
-    run = megatron_launch.Run(v.model, lay, p.iterations, data_prefix=tuple(prefix), vocab_file=vocab,
-                              merge_file=merges, local_impl=False)
-    return shlex.join(["deepspeed", f"--num_nodes={nodes}", f"--num_gpus={min(lay.gpus, per_node)}",
-                       "pretrain_gpt.py", *megatron_launch.pretrain_args(run), "--deepspeed", "--deepspeed_config",
-                       "ds_config.json", "--zero-stage", str(v.zero_stage)])
+    return nemo_line(p, prefix, vocab, merges, max_time_margin_min)
 
 
 def nemo_line(p: Planned, data_prefix: list, vocab: str, merges: str, margin_min: int = 30) -> str:
@@ -326,7 +327,7 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
     # Megatron-LM's line carries the seed number (--seed): say whose line it is. The other launchers'
     # commands are the NeMo and Megatron-DeepSpeed guides' own, rendered for review: the workflow does not start them.
-    whose = (f"; launch line of seed {seed}" if v.launcher == "megatron"
+    whose = (f"; launch line of seed {seed}" if v.launcher in ("megatron", "megatron-deepspeed")
              else f"; {v.launcher}'s own command, for review: {NOT_LAUNCHED}")
     out = [f"{v.name} on {facts.name}: {nodes} node(s) x {per_node} GPUs ({lay.gpus} x {facts.gpu}); "
            f"layout TP{lay.tp} PP{lay.pp} DP{lay.dp} MBS{lay.mbs} GA{lay.ga} (GBS {lay.gbs}); "

@@ -1,0 +1,1 @@
+../megatron_gpt/config_common.sh
