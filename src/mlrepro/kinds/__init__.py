@@ -64,4 +64,5 @@ def of(bench: Benchmark) -> BenchmarkKind:
     its launcher is megatron-deepspeed, else Megatron-LM's."""
     if not bench.is_pretrain:
         return named("mlperf")
-    return named("megatron-deepspeed" if bench.pretrain.get("launcher") == "megatron-deepspeed" else "megatron")
+    launcher = (getattr(bench, "pretrain", None) or {}).get("launcher")
+    return named("megatron-deepspeed" if launcher == "megatron-deepspeed" else "megatron")

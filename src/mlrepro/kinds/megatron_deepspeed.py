@@ -72,8 +72,10 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
                 "save_interval": megatron_plan.failures(p, bench, system, overrides).interval_iterations}
     ds_path = seed_dir / "ds_config.json"
     # Checked in every mode: the DAG's plan (prepared=False) is made before any job is submitted.
-    args = mds.seed_args(p, seed, corpus_dir, system.scheduler, prepared=prepared, ds_config_path=str(ds_path),
-                         tensorboard_dir=str(seed_dir / mds.TENSORBOARD), **save)
+    run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, prepared=prepared, **save)
+    args = mds.seed_args(run, megatron_plan.ds_config(p), zero_stage=p.variant.zero_stage,
+                         where=megatron_plan.ds_where(p.variant), ds_config_path=str(ds_path),
+                         tensorboard_dir=str(seed_dir / mds.TENSORBOARD))
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(source_dir(root, benchmark)), "DS_CONFIG": str(ds_path),
            "DS_CONFIG_JSON": json.dumps(megatron_plan.ds_config(p), sort_keys=True)}

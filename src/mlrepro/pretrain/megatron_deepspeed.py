@@ -2,7 +2,8 @@
 ds_config.json, the batch-size check between the two, and the source at the pinned commit with the
 repository's patches applied.
 
-The layout, iterations and wall time are megatron_plan's (one planner for every launcher); what differs
+The layout, iterations, wall time and run are megatron_plan's (one planner for every launcher, which renders
+the dry run's line with this module); what differs
 from Megatron-LM is the argument set: this fork has no --transformer-impl, --log-throughput or
 overlap flags, ZeRO (the ds_config) replaces the distributed optimizer, and --no-pipeline-parallel runs
 a PP1 layout as a plain module rather than DeepSpeed's one-stage pipeline engine. Without apex the
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro.implementation import fetch as implementation
-from mlrepro.pretrain import megatron_launch, megatron_plan
+from mlrepro.pretrain import megatron_launch
 from mlrepro.util.fsutil import atomic_path
 
 IMPLEMENTATION = Path("implementations/megatron_deepspeed")
@@ -97,28 +98,20 @@ def pretrain_args(run: megatron_launch.Run, *, zero_stage: int, ds_config_path: 
     return args + ["--deepspeed", "--deepspeed_config", ds_config_path, "--zero-stage", str(zero_stage)]
 
 
-def seed_args(p: megatron_plan.Planned, seed: int, corpus_dir: Path, scheduler: str, *, prepared: bool = True,
-              ds_config_path: str = "ds_config.json", tensorboard_dir: str = TENSORBOARD, save: str = "",
-              save_interval: int = 0) -> list[str]:
-    """Seed `seed`'s pretrain_gpt.py flags: megatron_plan.seed_run's run (the corpus stages' blend, the
-    pre-tokenized vocabulary, the schedule), in this fork's words; its ds_config checked against them."""
-    run = megatron_plan.seed_run(p, seed, corpus_dir, scheduler, prepared=prepared, save=save,
-                                 save_interval=save_interval)
-    args = pretrain_args(run, zero_stage=p.variant.zero_stage, ds_config_path=ds_config_path,
-                         tensorboard_dir=tensorboard_dir)
-    check_batch(megatron_plan.ds_config(p), args, p.layout.dp,
-                f"config/benchmarks/{p.variant.benchmark}.yaml layout {p.variant.name}")
+def seed_args(run: megatron_launch.Run, cfg: dict, *, zero_stage: int, where: str,
+              ds_config_path: str = "ds_config.json", tensorboard_dir: str = TENSORBOARD) -> list[str]:
+    """A seed's pretrain_gpt.py flags: megatron_plan.seed_run's run (the corpus stages' blend, the
+    pre-tokenized vocabulary, the schedule) in this fork's words, its ds_config `cfg` checked against them."""
+    args = pretrain_args(run, zero_stage=zero_stage, ds_config_path=ds_config_path, tensorboard_dir=tensorboard_dir)
+    check_batch(cfg, args, run.layout.dp, where)
     return args
 
 
-def launch_line(p: megatron_plan.Planned, scheduler: str, corpus_dir: Path, seed: int) -> str:
-    """The line a seed of the plan runs, as the dry run and `mlrepro plan` show it (the seed's files named
-    relative to its folder): srun under Slurm, torchrun on one machine."""
-    args = seed_args(p, seed, corpus_dir, scheduler, prepared=False)
+def launch_line(args: list[str], scheduler: str, gpus: int, gpus_per_node: int, image: str) -> str:
+    """The line a seed runs: srun under Slurm, torchrun on one machine."""
     if scheduler == "slurm":
-        return srun_line(args, p.layout.gpus, p.facts.gpus_per_node, megatron_plan.MEGATRON_IMAGE,
-                         "${DATADIR}:/data:ro,${LOGDIR}:/results:rw")
-    return torchrun_line(args, p.layout.gpus)
+        return srun_line(args, gpus, gpus_per_node, image, "${DATADIR}:/data:ro,${LOGDIR}:/results:rw")
+    return torchrun_line(args, gpus)
 
 
 def torchrun_line(args: list[str], nproc: int) -> str:

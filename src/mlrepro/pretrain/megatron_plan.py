@@ -24,7 +24,7 @@ from mlrepro import paths
 from mlrepro.launch import chain
 from mlrepro.plan import goodput, hardware, search, workloads
 from mlrepro.plan.layout import Layout
-from mlrepro.pretrain import megatron_launch
+from mlrepro.pretrain import megatron_deepspeed, megatron_launch
 
 NEMO_MAIN = "/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py"
 MEGATRON_IMAGE = "${CONT}"  # the image the implementation's Dockerfile builds (Megatron-LM at the pinned commit)
@@ -189,16 +189,20 @@ def ds_config(p: Planned) -> dict:
     return cfg
 
 
+def ds_where(v: Variant) -> str:
+    """Where a Megatron-DeepSpeed layout's ds_config comes from, as its batch-size check names it."""
+    return f"config/benchmarks/{v.benchmark}.yaml layout {v.name}"
+
+
 def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
                 max_time_margin_min: int = 30, *, deterministic: bool = False) -> str:
     """The exact command that starts seed `seed` of the run, on the corpus in corpus_dir (UNPREPARED
     standing for what the corpus stages have not written yet)."""
     v, per_node = p.variant, p.facts.gpus_per_node
-    if v.launcher == "megatron-deepspeed":
-        # Its own module's line (the kind runs it); imported here, not at the top: that module builds on this one.
-        from mlrepro.pretrain import megatron_deepspeed
-
-        return megatron_deepspeed.launch_line(p, scheduler, corpus_dir, seed)
+    if v.launcher == "megatron-deepspeed":  # the line kinds.megatron_deepspeed runs, its files named relative
+        run = seed_run(p, seed, corpus_dir, scheduler, prepared=False)
+        args = megatron_deepspeed.seed_args(run, ds_config(p), zero_stage=v.zero_stage, where=ds_where(v))
+        return megatron_deepspeed.launch_line(args, scheduler, p.layout.gpus, per_node, MEGATRON_IMAGE)
     if v.launcher == "megatron":
         run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic)
         if scheduler == "slurm":

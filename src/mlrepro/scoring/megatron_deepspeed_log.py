@@ -20,10 +20,11 @@ library only: the scorer runs where TensorBoard is not installed).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import statistics
 import struct
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from mlrepro.scoring import megatron_log, megatron_score
@@ -34,6 +35,13 @@ TRAIN_TAG = "lm-loss-training/lm loss"
 VALID_TAG = "lm-loss-validation/lm loss validation"
 ITER_TIME_TAG = "iteration-time/iteration-time"
 
+# megatron_log's patterns for what the two dialects share (its own are private to it).
+_PREFIX = re.compile(r"^(?:\s*\d+:\s)?")  # srun -l
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_START = re.compile(r"\[before the start of training step\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+_ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
+_ITER_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([-+0-9.eE]+)")
+_LM_LOSS_VALUE = re.compile(r"lm loss value:\s*([-+0-9.eE]+)")
 _DS_FIELD = re.compile(r"\|\s*(consumed tokens|samples per second|tokens per gpu per second \(tgs\)|TFLOPs):\s*([-+0-9.eE]+)")
 _FINAL_VALID = re.compile(r"validation loss at iteration (\d+) on \d+-sample draw from validation set\s*\|(.*)")
 
@@ -62,23 +70,24 @@ def parse_lines(lines) -> DeepSpeedLog:
     clock, prev, finals = None, 0, []
     times = {}
     for raw in lines:
-        line = megatron_log._PREFIX.sub("", megatron_log._ANSI.sub("", raw.rstrip("\n")), count=1)
-        if m := megatron_log._START.search(line):
-            clock = megatron_log._datetime(m.group(1))
+        line = _PREFIX.sub("", _ANSI.sub("", raw.rstrip("\n")), count=1)
+        if m := _START.search(line):
+            clock = _datetime(m.group(1))
             continue
-        if m := megatron_log._ITER.search(line):
+        if m := _ITER.search(line):
             it = int(m.group(1))
             fields = dict(_DS_FIELD.findall(line))
-            ms = megatron_log._fields(line[m.end():]).get("elapsed time per iteration (ms)")
-            if clock is not None and ms is not None and megatron_log._float(ms) is not None:
-                clock += timedelta(milliseconds=float(ms) * max(0, it - prev))
+            ms = _ITER_MS.search(line)
+            if clock is not None and ms is not None and _float(ms.group(1)) is not None:
+                clock += timedelta(milliseconds=float(ms.group(1)) * max(0, it - prev))
                 times[it] = clock
             prev = it
             for key, out in (("consumed tokens", tokens), ("TFLOPs", tflops), ("samples per second", sps)):
-                if key in fields and (v := megatron_log._float(fields[key])) is not None:
+                if key in fields and (v := _float(fields[key])) is not None:
                     out[it] = v
         elif m := _FINAL_VALID.search(line):
-            loss = megatron_log._float(megatron_log._fields(m.group(2)).get("lm loss value", "nan"))
+            value = _LM_LOSS_VALUE.search(m.group(2))
+            loss = _float(value.group(1)) if value else None
             if loss is not None:
                 finals.append(Validation(int(m.group(1)), loss, clock))
     for it in log.iterations:
@@ -89,6 +98,21 @@ def parse_lines(lines) -> DeepSpeedLog:
     log.validations += [v for v in finals if v.iteration not in have]
     log.validations.sort(key=lambda v: v.iteration)
     return DeepSpeedLog(log, tokens, tflops, sps, "training clock" if times else "none")
+
+
+def _float(text: str) -> float | None:
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _datetime(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def _time_at(log: TrainingLog, iteration: int):

@@ -1,1 +1,0 @@
-../megatron_gpt/config_common.sh
