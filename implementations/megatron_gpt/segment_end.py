@@ -22,7 +22,8 @@ import time
 
 ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
 LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
-SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+)")
+# Megatron-LM says "from iteration N", Megatron-DeepSpeed "at iteration N to DIR".
+SAVED = re.compile(r"successfully saved checkpoint (?:from|at) iteration\s+(\d+)")
 VALID = re.compile(r"validation(?:-\S+)? loss at iteration (\d+).*?lm loss value:\s*([-+0-9.eE]+)")
 # Its own clock (--exit-duration-in-mins), or the save signal (--exit-signal-handler: the message names
 # SIGTERM whichever signal --exit-signal chose).

@@ -68,9 +68,9 @@ def test_the_nemo_guides_command_in_the_dry_run(ws):
 def test_the_megatron_deepspeed_guides_command_in_the_dry_run(ws):
     _, out, seeds = _plan(ws, "gpt_126m_deepspeed", "dgxb200")
     head, _failures, ds, cmd = seeds[0].split(" | ")
-    assert head.startswith("gpt-125m on dgxb200: 1 node(s) x 1 GPUs") and "own command, for review" in head
+    assert head.startswith("gpt-125m on dgxb200: 1 node(s) x 1 GPUs") and "launch line of seed 1" in head
     assert ds.startswith("ds_config.json (gpt-125m.yaml): ") and '"train_batch_size": 256' in ds
-    assert cmd.startswith("deepspeed --num_nodes=1 --num_gpus=1 pretrain_gpt.py ")
+    assert cmd.startswith("srun --mpi=pmix --nodes=1 --ntasks-per-node=1 ")
     assert cmd.endswith("--deepspeed --deepspeed_config ds_config.json --zero-stage 1")
 
 

@@ -1,5 +1,6 @@
 """The kinds of benchmark behind one interface, `BenchmarkKind`: an MLPerf implementation
-(kinds.mlperf) and a Megatron-LM pretraining run (kinds.megatron). `of(bench)` gives the
+(kinds.mlperf), a Megatron-LM pretraining run (kinds.megatron) and a Megatron-DeepSpeed one
+(kinds.megatron_deepspeed). `of(bench)` gives the
 benchmark's kind; `KINDS` lists every kind, and tests/unit/kinds/test_kind_protocol.py checks each
 against the interface. A new kind is a module here with the nine functions, added to `KINDS`.
 """
@@ -15,7 +16,8 @@ from mlrepro.launch.job import SeedPlan
 
 # Every kind, by name. Imported when asked for: each kind pulls the planner (pandas, PuLP), and a
 # stage process that imports this package runs one benchmark, so it needs at most one kind.
-KINDS = {"mlperf": "mlrepro.kinds.mlperf", "megatron": "mlrepro.kinds.megatron"}
+KINDS = {"mlperf": "mlrepro.kinds.mlperf", "megatron": "mlrepro.kinds.megatron",
+         "megatron-deepspeed": "mlrepro.kinds.megatron_deepspeed"}
 
 
 @runtime_checkable
@@ -58,5 +60,9 @@ def named(name: str) -> BenchmarkKind:
 
 
 def of(bench: Benchmark) -> BenchmarkKind:
-    """The benchmark's kind: a `pretrain:` block makes it a Megatron-LM pretraining run."""
-    return named("megatron" if bench.is_pretrain else "mlperf")
+    """The benchmark's kind: a `pretrain:` block makes it a pretraining run, Megatron-DeepSpeed's where
+    its launcher is megatron-deepspeed, else Megatron-LM's."""
+    if not bench.is_pretrain:
+        return named("mlperf")
+    launcher = (getattr(bench, "pretrain", None) or {}).get("launcher")
+    return named("megatron-deepspeed" if launcher == "megatron-deepspeed" else "megatron")

@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import json
 import math
-import shlex
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -25,11 +24,12 @@ from mlrepro import paths
 from mlrepro.launch import chain
 from mlrepro.plan import goodput, hardware, search, workloads
 from mlrepro.plan.layout import Layout
-from mlrepro.pretrain import megatron_launch
+from mlrepro.pretrain import megatron_deepspeed, megatron_launch
 
 NEMO_MAIN = "/opt/NeMo-Megatron-Launcher/launcher_scripts/main.py"
 MEGATRON_IMAGE = "${CONT}"  # the image the implementation's Dockerfile builds (Megatron-LM at the pinned commit)
-NOT_LAUNCHED = "mlrepro trains seeds with Megatron-LM only (launcher: megatron)"
+NOT_LAUNCHED = ("mlrepro trains seeds with Megatron-LM (launcher: megatron) and Megatron-DeepSpeed "
+                "(launcher: megatron-deepspeed) only")
 UNPREPARED = "UNPREPARED"  # stands in a dry run's line for what the corpus stages have not written yet
 # What a run reads of a corpus folder (the corpus stages write them): the blend and the tokenizer's files.
 BLEND, VOCAB, MERGES = "data_prefix.json", "tokenizer/vocab.json", "tokenizer/merges.txt"
@@ -52,6 +52,7 @@ class Variant:
     launcher: str = "megatron"  # megatron | megatron-deepspeed | nemo
     nemo_training: str | None = None  # NeMo launcher config, e.g. gpt3/7b_improved
     zero_stage: int = 1
+    ds_config: str = ""  # JSON of the layout's `ds_config:` block, set over the generated ds_config.json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +85,7 @@ def variants(bench: mlrepro_config.Benchmark) -> dict[str, Variant]:
             benchmark=bench.name, name=lay["name"], model=pre["model"], tokens=float(pre["tokens"]),
             gbs=int(lay.get("gbs", pre["gbs"])), tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
             launcher=lay.get("launcher", pre.get("launcher", "megatron")), nemo_training=pre.get("nemo_training"),
-            zero_stage=int(lay.get("zero_stage", 1)))
+            zero_stage=int(lay.get("zero_stage", 1)), ds_config=json.dumps(lay.get("ds_config") or {}))
     return out
 
 
@@ -177,20 +178,32 @@ def seed_run(p: Planned, seed: int, corpus_dir: Path, scheduler: str, attention:
 
 
 def ds_config(p: Planned) -> dict:
-    """Megatron-DeepSpeed's ds_config.json for the layout (the Megatron-DeepSpeed guide)."""
+    """Megatron-DeepSpeed's ds_config.json for the layout (the Megatron-DeepSpeed guide), with the
+    benchmark layout's `ds_config:` block over it (a nested block merged key by key)."""
     lay = p.layout
-    return {"train_batch_size": lay.gbs, "train_micro_batch_size_per_gpu": lay.mbs,
-            "gradient_accumulation_steps": lay.ga, "steps_per_print": 10, "gradient_clipping": 1.0,
-            "zero_optimization": {"stage": p.variant.zero_stage}, "bf16": {"enabled": True},
-            "wall_clock_breakdown": False}
+    cfg = {"train_batch_size": lay.gbs, "train_micro_batch_size_per_gpu": lay.mbs,
+           "gradient_accumulation_steps": lay.ga, "steps_per_print": 10, "gradient_clipping": 1.0,
+           "zero_optimization": {"stage": p.variant.zero_stage}, "bf16": {"enabled": True},
+           "wall_clock_breakdown": False}
+    for key, value in json.loads(p.variant.ds_config or "{}").items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
+    return cfg
+
+
+def ds_where(v: Variant) -> str:
+    """Where a Megatron-DeepSpeed layout's ds_config comes from, as its batch-size check names it."""
+    return f"config/benchmarks/{v.benchmark}.yaml layout {v.name}"
 
 
 def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
                 max_time_margin_min: int = 30, *, deterministic: bool = False, tensorboard_dir: str = "") -> str:
     """The exact command that starts seed `seed` of the run, on the corpus in corpus_dir (UNPREPARED
     standing for what the corpus stages have not written yet)."""
-    v, lay, per_node = p.variant, p.layout, p.facts.gpus_per_node
-    nodes = max(1, lay.gpus // per_node)
+    v, per_node = p.variant, p.facts.gpus_per_node
+    if v.launcher == "megatron-deepspeed":  # the line kinds.megatron_deepspeed runs, its files named relative
+        run = seed_run(p, seed, corpus_dir, scheduler, prepared=False)
+        args = megatron_deepspeed.seed_args(run, ds_config(p), zero_stage=v.zero_stage, where=ds_where(v))
+        return megatron_deepspeed.launch_line(args, scheduler, p.layout.gpus, per_node, MEGATRON_IMAGE)
     if v.launcher == "megatron":
         run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic,
                        tensorboard_dir=tensorboard_dir)
@@ -200,15 +213,7 @@ def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attenti
         return megatron_launch.torchrun_line(run)
     prefix, vocab, merges = data_prefix_of(corpus_dir)
     prefix = prefix or unprepared_prefix("/data")
-    if v.launcher == "nemo":
-        return nemo_line(p, prefix, vocab, merges, max_time_margin_min)
-    # The Megatron-DeepSpeed guide's command as it ran: that fork reads the GPT-2 BPE files and has none
-    # of the pinned Megatron-LM's local-implementation or attention-spec flags that seed_run adds.
-    run = megatron_launch.Run(v.model, lay, p.iterations, data_prefix=tuple(prefix), vocab_file=vocab,
-                              merge_file=merges, local_impl=False)
-    return shlex.join(["deepspeed", f"--num_nodes={nodes}", f"--num_gpus={min(lay.gpus, per_node)}",
-                       "pretrain_gpt.py", *megatron_launch.pretrain_args(run), "--deepspeed", "--deepspeed_config",
-                       "ds_config.json", "--zero-stage", str(v.zero_stage)])
+    return nemo_line(p, prefix, vocab, merges, max_time_margin_min)
 
 
 def nemo_line(p: Planned, data_prefix: list, vocab: str, merges: str, margin_min: int = 30) -> str:
@@ -334,7 +339,7 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
     # Megatron-LM's line carries the seed number (--seed): say whose line it is. The other launchers'
     # commands are the NeMo and Megatron-DeepSpeed guides' own, rendered for review: the workflow does not start them.
-    whose = (f"; launch line of seed {seed}" if v.launcher == "megatron"
+    whose = (f"; launch line of seed {seed}" if v.launcher in ("megatron", "megatron-deepspeed")
              else f"; {v.launcher}'s own command, for review: {NOT_LAUNCHED}")
     out = [f"{v.name} on {facts.name}: {nodes} node(s) x {per_node} GPUs ({lay.gpus} x {facts.gpu}); "
            f"layout TP{lay.tp} PP{lay.pp} DP{lay.dp} MBS{lay.mbs} GA{lay.ga} (GBS {lay.gbs}); "

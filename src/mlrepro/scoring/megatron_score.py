@@ -83,9 +83,11 @@ def score_training_log(path: str | Path, *, target_loss: float, gpu: str | None 
 
 def training_record(path: str | Path, *, target_loss: float, gpu: str | None = None, gpus: int | None = None,
                     seq_length: int | None = None, model_flops_per_iter: float | None = None,
-                    seed: int | None = None, benchmark: str | None = None) -> RunRecord:
-    """The run record of one pretraining log. Never raises on bad log content."""
-    log = parse_log(path)
+                    seed: int | None = None, benchmark: str | None = None,
+                    log: TrainingLog | None = None) -> RunRecord:
+    """The run record of one pretraining log (`log`: already parsed, by a dialect's own parser). Never
+    raises on bad log content."""
+    log = log or parse_log(path)
     reasons: list[str] = []
     peak = None
     if gpu:

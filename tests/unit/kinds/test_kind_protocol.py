@@ -31,6 +31,11 @@ EXTRAS = {
         "ensure_megatron": "Megatron-LM at the pinned commit in resources/ (baseline.megatron runs it too)",
         "learn": "a finished seed's measured step kept for the next plan of the system (stages.train)",
     },
+    "megatron-deepspeed": {
+        "source_dir": "where the patched Megatron-DeepSpeed is put (resources/<benchmark>/megatron-deepspeed)",
+        "ensure_source": "the patched source at the pinned commit in resources/ (prepare; a carried .tar.gz too)",
+        "model_flops_per_iter": "the Megatron-LM kind's FLOP count for a global batch (score_seed's MFU)",
+    },
 }
 # Modules of mlrepro/kinds that are not kinds.
 NOT_KINDS = {"__init__", "systems", "plan_trial"}
@@ -106,4 +111,7 @@ def test_of_gives_the_benchmarks_kind():
 
     assert kinds.of(Bench()) is kinds.named("mlperf")
     Bench.is_pretrain = True
+    Bench.pretrain = {"launcher": "megatron"}
     assert kinds.of(Bench()) is kinds.named("megatron")
+    Bench.pretrain = {"launcher": "megatron-deepspeed"}
+    assert kinds.of(Bench()) is kinds.named("megatron-deepspeed")

@@ -116,14 +116,14 @@ def test_a_seed_refuses_to_start_before_the_corpus_stages_have_run(tmp_path):
         megatron_seed.plan_seed(settings, "gpt_126m", 1)
 
 
-@pytest.mark.parametrize("benchmark, system", [("gpt_8b_nemo", "dgxh100-64x8"), ("gpt_126m_deepspeed", "dgxb200")])
+@pytest.mark.parametrize("benchmark, system", [("gpt_8b_nemo", "dgxh100-64x8")])
 def test_a_seed_of_another_launcher_refuses_what_its_plan_only_shows(tmp_path, benchmark, system):
-    """The NeMo guide's and the Megatron-DeepSpeed guide's commands are rendered for review; their seeds
-    would otherwise train Megatron-LM under a plan that showed something else."""
+    """The NeMo guide's command is rendered for review; its seeds would otherwise train Megatron-LM under a
+    plan that showed something else (Megatron-DeepSpeed's seeds are kinds.megatron_deepspeed's)."""
     ws = _workspace(tmp_path / "ws")
     settings = mlrepro_config.load({"benchmarks": [benchmark], "system": system}, ws)
     head = megatron_plan.dry_run(ws, settings.benchmark(benchmark), system).describe.split(" | ")[0]
-    assert "own command, for review: mlrepro trains seeds with Megatron-LM only" in head
+    assert "own command, for review: mlrepro trains seeds with Megatron-LM (launcher: megatron) and " in head
     with pytest.raises(mlrepro_config.ConfigError, match=rf"{benchmark}: layout .* own command .*launcher: megatron"):
         megatron_seed.plan_seed(settings, benchmark, 1)
 

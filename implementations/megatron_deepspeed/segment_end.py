@@ -1,0 +1,1 @@
+../megatron_gpt/segment_end.py

@@ -1,0 +1,225 @@
+"""The Megatron-DeepSpeed kind (kinds.megatron_deepspeed): the guide's configs planned with their ds_config and
+launch lines (golden files), the batch-size check before any job, the patches against the pinned source, and
+the fork's log and tfevents scored on the Megatron-LM kind's FLOP count."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlrepro import config as mlrepro_config
+from mlrepro import kinds
+from mlrepro.kinds import megatron_deepspeed as kind
+from mlrepro.plan import cost, models, workloads
+from mlrepro.plan.layout import Layout
+from mlrepro.pretrain import megatron_deepspeed as mds
+from mlrepro.pretrain import megatron_plan
+from mlrepro.scoring import megatron_deepspeed_log as dslog
+import workspace
+
+ROOT = workspace.REPO
+FIX = workspace.FIXTURES / "megatron_deepspeed"
+GOLDEN = FIX / "golden"
+CONFIGS = {"gpt_126m_deepspeed": ["gpt-125m", "gpt-125m-2xdp", "gpt-125m-4xdp"],
+           "gpt_1p3b_deepspeed": ["gpt-1-3b-4xdp", "gpt-1-3b-8xdp", "gpt-1-3b-4xdp-4xpp"],
+           "gpt_13b_deepspeed": ["gpt-13b-4xdp-4xpp", "gpt-13b-4xdp-8xpp", "gpt-13b-4xdp-4xpp-4xtp"],
+           "gpt_175b_deepspeed": ["gpt-175b-tp8-pp16-dp4"]}
+SLURM = "dgxh100-64x8"
+
+
+def _settings(ws: Path, benchmark: str, system: str = SLURM, **pretrain) -> mlrepro_config.Settings:
+    return mlrepro_config.load({"benchmarks": [benchmark], "system": system, "pretrain": pretrain}, ws)
+
+
+def _lines(describe: str) -> list[str]:
+    # The failures line is megatron_plan's (its own tests hold it); the golden holds what this kind adds.
+    return [x for x in describe.split(" | ") if not x.startswith("failures:")]
+
+
+@pytest.mark.parametrize("benchmark, layout", [(b, lay) for b, lays in CONFIGS.items() for lay in lays])
+def test_the_guides_configs_plan_as_the_golden_files_say(tmp_path, benchmark, layout):
+    """Each config's dry run on the Slurm cluster: the plan, its ds_config and the srun line a seed runs."""
+    ws = workspace.make_workspace(tmp_path / "ws")
+    settings = _settings(ws, benchmark, layout=layout)
+    assert kinds.of(settings.benchmark(benchmark)) is kind
+    plan = kind.dag_plan(settings, benchmark, 1)
+    got = "\n".join(_lines(plan.description)) + "\n"
+    golden = GOLDEN / f"{layout}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(got)
+    assert got == golden.read_text()
+    head, ds, line = got.splitlines()
+    assert head.startswith(f"{layout} on {SLURM}: ") and "launch line of seed 1" in head
+    config = json.loads(ds.split(": ", 1)[1])
+    argv = shlex.split(line)
+    flag = lambda name: int(argv[argv.index(name) + 1])  # noqa: E731
+    lay = megatron_plan.variants(settings.benchmark(benchmark))[layout]
+    assert config["train_batch_size"] == flag("--global-batch-size") == config["train_micro_batch_size_per_gpu"] * \
+        config["gradient_accumulation_steps"] * lay.dp
+    assert config["zero_optimization"]["stage"] == flag("--zero-stage") == lay.zero_stage
+    assert (flag("--tensor-model-parallel-size"), flag("--pipeline-model-parallel-size")) == (lay.tp, lay.pp)
+    assert argv[0] == "srun" and f"--nodes={plan.nodes}" in argv and plan.ranks == lay.tp * lay.pp * lay.dp
+    assert set(mds.APEX_FREE) <= set(argv) and ("--no-pipeline-parallel" in argv) == (lay.pp == 1)
+    assert not set(mds.NOT_IN_FORK) & set(argv)  # flags the fork's argparse would refuse
+
+
+def test_the_13b_and_175b_dry_runs_on_the_slurm_cluster(tmp_path):
+    ws = workspace.make_workspace(tmp_path / "ws")
+    for benchmark, gpus in (("gpt_13b_deepspeed", 16), ("gpt_175b_deepspeed", 512)):
+        plans = kinds.of(_settings(ws, benchmark).benchmark(benchmark)).dag_plans(_settings(ws, benchmark), benchmark)
+        plan = plans[1]
+        assert plan.scheduler == "slurm" and plan.ranks == gpus and plan.nodes == gpus // 8
+        assert "--deepspeed --deepspeed_config" in plan.description 
+        assert plan.sbatch is not None and str(plan.sbatch.render()[-1]).endswith("megatron_deepspeed/run.sub")
+
+
+def test_a_seed_writes_its_ds_config_and_torchrun_line(tmp_path):
+    from test_megatron_seed import _workspace  # the mini corpus the Megatron-LM seed tests prepare
+
+    ws = _workspace(tmp_path / "ws")
+    src = tmp_path / "mds"
+    (src / "megatron").mkdir(parents=True)
+    (src / "pretrain_gpt.py").write_text("")
+    (src / "mlrepro_patches.json").write_text("{}")
+    settings = _settings(ws, "gpt_126m_deepspeed", "device-h200x2", layout="gpt-125m-2xdp", train_iters=40,
+                         megatron=str(src))
+    plan = kind.prepare(settings, "gpt_126m_deepspeed", 1)
+    assert plan.implementation_dir == ws / "implementations" / "megatron_deepspeed"
+    config = json.loads((plan.seed_dir / "ds_config.json").read_text())
+    argv = shlex.split(Path(plan.env["MEGATRON_LAUNCH_FILE"]).read_text())
+    assert argv[:4] == ["torchrun", "--standalone", "--nproc-per-node=2", "pretrain_gpt.py"]
+    assert argv[argv.index("--deepspeed_config") + 1] == str(plan.seed_dir / "ds_config.json")
+    assert argv[argv.index("--tensorboard-dir") + 1] == str(plan.seed_dir / "tensorboard")
+    assert config["train_batch_size"] == int(argv[argv.index("--global-batch-size") + 1])
+    assert (Path(plan.env["MEGATRON_DIR"]) / "pretrain_gpt.py").is_file()
+
+
+def test_a_ds_config_that_disagrees_with_the_launch_line_stops_the_dag(tmp_path):
+    """A layout's ds_config: block with another micro-batch: refused at DAG time, naming the key."""
+    ws = workspace.make_workspace(tmp_path / "ws")
+    path = ws / "config" / "benchmarks" / "gpt_126m_deepspeed.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["pretrain"]["layouts"][0]["ds_config"] = {"train_micro_batch_size_per_gpu": 4}
+    path.write_text(yaml.safe_dump(doc))
+    settings = _settings(ws, "gpt_126m_deepspeed")
+    with pytest.raises(mlrepro_config.ConfigError, match=r"gpt_126m_deepspeed.yaml layout gpt-125m: ds_config "
+                       r"train_batch_size 256 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 32"):
+        kind.dag_plans(settings, "gpt_126m_deepspeed")
+    doc["pretrain"]["layouts"][0]["ds_config"] = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 64}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(mlrepro_config.ConfigError, match=r"train_micro_batch_size_per_gpu 4 != the launch line's "
+                       r"--micro-batch-size 8"):
+        kind.dag_plans(_settings(ws, "gpt_126m_deepspeed"), "gpt_126m_deepspeed")
+
+
+def test_a_ds_config_block_of_the_wrong_type_is_rejected_by_the_schema(tmp_path):
+    ws = workspace.make_workspace(tmp_path / "ws")
+    path = ws / "config" / "benchmarks" / "gpt_126m_deepspeed.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["pretrain"]["layouts"][0]["ds_config"] = "ds.json"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(mlrepro_config.ConfigError, match="ds_config"):
+        _settings(ws, "gpt_126m_deepspeed").benchmark("gpt_126m_deepspeed")
+
+
+def test_the_patches_apply_to_the_pinned_source_and_remove_apex(tmp_path):
+    """On the touched files at the pinned commit (CI has no mirror), then no apex, amp_C, top-level torchvision
+    or transformers import is left and fused_kernels.load is behind --masked-softmax-fusion."""
+    with tarfile.open(FIX / "source_4efb479.tar.gz") as tar:
+        tar.extractall(tmp_path)
+    pin = yaml.safe_load((ROOT / "config/benchmarks/gpt_126m_deepspeed.yaml").read_text())["pretrain"]["megatron"]
+    assert pin["commit"].startswith("4efb479")
+    applied = mds.apply_patches(ROOT, tmp_path)
+    assert applied == [p.name for p in sorted((ROOT / mds.PATCHES).glob("*.patch"))]
+    assert all(mds.reasons(ROOT).values())
+    text = {p: p.read_text() for p in tmp_path.rglob("*.py")}
+    assert not [p for p, t in text.items() if "from apex" in t or "import amp_C" in t]
+    assert "from transformers import" not in text[tmp_path / "megatron/tokenizer/tokenizer.py"].split("class ")[0]
+    assert "knn_monitor" not in text[tmp_path / "megatron/training.py"].split("\ndef ")[0]
+    assert "if build:" in text[tmp_path / "megatron/initialize.py"]
+
+
+def test_a_patch_that_does_not_apply_changes_nothing(tmp_path):
+    with tarfile.open(FIX / "source_4efb479.tar.gz") as tar:
+        tar.extractall(tmp_path)
+    mds.apply_patches(ROOT, tmp_path)
+    before = (tmp_path / "megatron/utils.py").read_text()
+    with pytest.raises(Exception, match="0001-layernorm-torch.patch does not apply"):
+        mds.apply_patches(ROOT, tmp_path)
+    assert (tmp_path / "megatron/utils.py").read_text() == before
+
+
+MIRROR = Path("/work/.mirror/deepspeedai+Megatron-DeepSpeed/repo")
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="no mirror of deepspeedai/Megatron-DeepSpeed here")
+def test_the_patches_apply_to_the_whole_pinned_tree(tmp_path):
+    archive = subprocess.run(["git", "-C", str(MIRROR), "archive", "4efb479d5317ce9b86096b9d8e3e8030b0b5263b"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+    assert len(mds.apply_patches(ROOT, tmp_path)) == 6
+
+
+def test_the_log_and_tfevents_parse_as_the_pinned_source_writes_them():
+    parsed = dslog.parse_log(FIX / "training.log")
+    log = parsed.log
+    assert [i.iteration for i in log.iterations] == [10, 20, 30, 40, 50, 60]
+    assert [v.iteration for v in log.validations] == [20, 40, 60]  # 60: the "N-sample draw" line after training
+    assert parsed.consumed_tokens[60] == 60 * 256 * 2048 and parsed.logged_tflops_per_gpu[30] == 180.55
+    assert parsed.time_source == "training clock"
+    # 10 x 1.4 s, then 10 x 1.0 s per interval: the clock of logged iteration times
+    assert (log.iterations[-1].time - log.start).total_seconds() == pytest.approx(14 + 50)
+    scalars = dslog.read_scalars(FIX / "tfevents" / "events.out.tfevents.fixture")
+    assert {s.tag for s in scalars} == {dslog.TRAIN_TAG, dslog.VALID_TAG, dslog.ITER_TIME_TAG}
+    assert [s.step for s in scalars if s.tag == dslog.VALID_TAG] == [20, 40, 60]
+    with_events = dslog.parse_log(FIX / "training.log", [FIX / "tfevents" / "events.out.tfevents.fixture"])
+    assert with_events.time_source == "tfevents wall clock"
+    # wall clock: the 3 s evaluations count; anchored on the first training event (iteration 10, 14 s in)
+    assert (with_events.log.validations[-1].time - log.start).total_seconds() == pytest.approx(14 + 50 + 9)
+
+
+def test_a_cut_tfevents_file_yields_what_it_holds(tmp_path):
+    data = (FIX / "tfevents" / "events.out.tfevents.fixture").read_bytes()
+    (tmp_path / "cut").write_bytes(data[: len(data) - 20])
+    whole, cut = dslog.read_scalars(FIX / "tfevents" / "events.out.tfevents.fixture"), dslog.read_scalars(tmp_path / "cut")
+    assert 0 < len(cut) < len(whole) and cut == whole[: len(cut)]
+
+
+def test_the_score_counts_flops_as_the_megatron_lm_kind_does():
+    record = dslog.training_record(FIX / "training.log", target_loss=4.0, gpus=1, seq_length=2048,
+                                   gpu="NVIDIA H100 80GB HBM3",
+                                   model_flops_per_iter=kind.model_flops_per_iter("gpt-126m", 256),
+                                   tfevents=[FIX / "tfevents" / "events.out.tfevents.fixture"])
+    assert record.converged and record.counted and record.iteration_to_converge == 60
+    assert record.minutes == pytest.approx((14 + 50 + 9) / 60)
+    t = record.throughput
+    assert t["tflops_source"] == "model" and t["logged_tflops_per_gpu"] == 180.55
+    # The count megatron_score uses for a Megatron-LM log without Megatron's own (the planner's model FLOPs):
+    # the classic 12 B s L h^2 (1 + 1 + s/h + 4) + 6 B s V h plus the biases and norms (under 0.1% here)
+    flops = cost.model_flops_per_step(workloads.gpt("gpt-126m", 256), Layout(mbs=256))
+    assert kind.model_flops_per_iter("gpt-126m", 256) == flops
+    m = models.model("gpt-126m")
+    b, s, h, L, V = 256, m.seq, m.hidden, m.layers, m.vocab
+    assert flops == pytest.approx(12 * b * s * L * h * h * (2 + s / h + m.ffn_hidden / h) + 6 * b * s * V * h, rel=1e-3)
+    assert t["tflops_per_gpu"] == pytest.approx(flops / 1.0 / 1e12)
+    assert t["tokens_per_s"] == pytest.approx(256 * 2048 / 1.0) and 0 < t["mfu"] < 1
+
+
+def test_segment_end_reads_the_forks_save_message():
+    """A chained seed's job end: segment_end.py (shared with the Megatron-LM kind) knows the fork's own words."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("segment_end", ROOT / "implementations/megatron_deepspeed/segment_end.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seg = module.Segment()
+    seg.feed("  successfully saved checkpoint at iteration      40 to /seed/checkpoints")
+    assert seg.saved == 40
