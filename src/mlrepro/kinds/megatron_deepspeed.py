@@ -28,7 +28,7 @@ from mlrepro.plan import cost, models, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_deepspeed as mds
 from mlrepro.pretrain import megatron_plan
-from mlrepro.scoring import megatron_deepspeed_log
+from mlrepro.scoring import megatron_deepspeed_log, tfevents
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.util.fsutil import atomic_dir, atomic_write_text
 
@@ -75,7 +75,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, prepared=prepared, **save)
     args = mds.seed_args(run, megatron_plan.ds_config(p), zero_stage=p.variant.zero_stage,
                          where=megatron_plan.ds_where(p.variant), ds_config_path=str(ds_path),
-                         tensorboard_dir=str(seed_dir / mds.TENSORBOARD))
+                         tensorboard_dir=str(paths.SeedPaths(seed_dir).tensorboard))
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(source_dir(root, benchmark)), "DS_CONFIG": str(ds_path),
            "DS_CONFIG_JSON": json.dumps(megatron_plan.ds_config(p), sort_keys=True)}
@@ -178,7 +178,7 @@ def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmar
     gpus = plan.ranks if plan else p.layout.gpus
     seed_dir = plan.seed_dir if plan else paths.SeedPaths.of(settings.root, bench.name, seed).folder
     return megatron_deepspeed_log.training_record(
-        log_path, tfevents=megatron_deepspeed_log.tfevents_files(Path(seed_dir) / mds.TENSORBOARD),
+        log_path, tfevents=tfevents.event_files(paths.SeedPaths(Path(seed_dir)).tensorboard),
         target_loss=rules.target_value, seed=seed, benchmark=rules.benchmark, gpus=gpus,
         gpu=settings.system.hardware.get("gpu"), seq_length=models.model(p.variant.model).seq,
         model_flops_per_iter=model_flops_per_iter(p.variant.model, p.layout.gbs)).to_json()

@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
+from mlrepro.paths import SeedPaths
 from mlrepro.implementation import fetch as implementation
 from mlrepro.pretrain import megatron_launch
 from mlrepro.util.fsutil import atomic_path
@@ -36,7 +37,7 @@ NOT_IN_FORK = {"--context-parallel-size": 1, "--use-distributed-optimizer": 0, "
                "--overlap-grad-reduce": 0, "--overlap-param-gather": 0, "--transformer-impl": 1,
                "--no-persist-layer-norm": 0, "--spec": 2, "--deterministic-mode": 0, "--ckpt-format": 1,
                "--exit-signal": 1}
-TENSORBOARD = "tensorboard"  # the seed folder's subfolder the run's tfevents go to
+TENSORBOARD = SeedPaths.TENSORBOARD  # the seed folder's subfolder the run's tfevents go to
 
 
 class BatchMismatch(mlrepro_config.ConfigError):

@@ -23,11 +23,10 @@ import dataclasses
 import math
 import re
 import statistics
-import struct
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from mlrepro.scoring import megatron_log, megatron_score
+from mlrepro.scoring import megatron_log, megatron_score, tfevents
 from mlrepro.scoring.megatron_log import TrainingLog, Validation
 from mlrepro.scoring.records import RunRecord
 
@@ -150,73 +149,12 @@ def with_tfevents(parsed: DeepSpeedLog, scalars: list[Scalar]) -> DeepSpeedLog:
 
 # ------------------------------------------------------------------ tfevents
 
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    shift = out = 0
-    while True:
-        b = buf[i]
-        i += 1
-        out |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return out, i
-        shift += 7
-
-
-def _fields(buf: bytes):
-    """(field number, wire type, value) of a protobuf message: ints, 8/4-byte raw, or bytes."""
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 1:
-            value, i = buf[i:i + 8], i + 8
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            value, i = buf[i:i + n], i + n
-        elif wire == 5:
-            value, i = buf[i:i + 4], i + 4
-        else:
-            raise ValueError(f"protobuf wire type {wire} not expected in a tfevents Event")
-        yield number, wire, value
-
-
 def read_scalars(path: str | Path) -> list[Scalar]:
-    """Every simple_value scalar of a tfevents file (torch's SummaryWriter.add_scalar writes these):
-    Event{1: wall_time double, 2: step int64, 5: Summary{1: Value{1: tag, 2: simple_value float}}}.
-    A file cut short (a run killed while writing) yields what it holds up to the cut."""
-    data = Path(path).read_bytes()
-    out, i = [], 0
-    while i + 12 <= len(data):
-        (length,) = struct.unpack_from("<Q", data, i)
-        record = data[i + 12:i + 12 + length]
-        if len(record) < length:
-            break
-        i += 12 + length + 4
-        wall, step, values = 0.0, 0, []
-        for number, _, value in _fields(record):
-            if number == 1:
-                (wall,) = struct.unpack("<d", value)
-            elif number == 2:
-                step = value
-            elif number == 5:
-                values += [v for n, _, v in _fields(value) if n == 1]
-        for v in values:
-            tag, simple = None, None
-            for n, _, x in _fields(v):
-                if n == 1:
-                    tag = x.decode("utf-8", "replace")
-                elif n == 2:
-                    (simple,) = struct.unpack("<f", x)
-            if tag is not None and simple is not None:
-                out.append(Scalar(tag, step, wall, simple))
-    return out
-
-
-def tfevents_files(folder: str | Path) -> list[Path]:
-    """The tfevents files under a run's TensorBoard folder, oldest first (a chain writes one per job)."""
-    folder = Path(folder)
-    return sorted(folder.rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    """Every scalar of a tfevents file with its step and wall clock, through the one event reader
+    (mlrepro.scoring.tfevents: tensorboard's own, which reads a file cut short up to the cut)."""
+    found = tfevents.read_scalars(path)
+    return [Scalar(tag, step, found.wall_times.get(tag, {}).get(step, 0.0), value)
+            for tag, points in found.series.items() for step, value in points]
 
 
 def training_record(path: str | Path, *, target_loss: float, tfevents: list[Path] | None = None,

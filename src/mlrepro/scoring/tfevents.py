@@ -52,6 +52,9 @@ class Scalars:
     series: dict[str, list[tuple[int, float]]]
     files: list[str]
     skipped: list[str]  # "<file>: <why>"
+    # tag -> step -> the event's wall clock (seconds since the epoch): when a point was written, which times a
+    # validation of a trainer whose log lines carry no timestamp (Megatron-DeepSpeed's)
+    wall_times: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
 
     def first(self, tags: Iterable[str]) -> tuple[str, list[tuple[int, float]]] | None:
         """The first of `tags` (the trainers' names for one quantity) that has points: (tag, points)."""
@@ -83,16 +86,17 @@ def read_scalars(where: str | os.PathLike) -> Scalars:
     A step logged again (a resumed run's segment trains the steps after its checkpoint again) replaces
     what the earlier file said from that step on, as TensorBoard's own purge of orphaned data does."""
     series: dict[str, list[tuple[int, float]]] = {}
+    walls: dict[str, dict[int, float]] = {}
     files, skipped = [], []
     for path in event_files(where):
-        why = _read_file(path, series)
+        why = _read_file(path, series, walls)
         files.append(str(path))
         if why:
             skipped.append(f"{path}: {why}")
-    return Scalars(series=series, files=files, skipped=skipped)
+    return Scalars(series=series, files=files, skipped=skipped, wall_times=walls)
 
 
-def _read_file(path: Path, series: dict[str, list[tuple[int, float]]]) -> str | None:
+def _read_file(path: Path, series: dict[str, list[tuple[int, float]]], walls: dict[str, dict[int, float]]) -> str | None:
     """Add one file's scalars to `series`; returns why it (or its end) was not read, None when all was."""
     try:
         st = os.stat(path)
@@ -113,7 +117,8 @@ def _read_file(path: Path, series: dict[str, list[tuple[int, float]]]) -> str | 
             event = data_compat.migrate_event(event_pb2.Event.FromString(record))
             if event.HasField("summary"):
                 for value in event.summary.value:
-                    _add(series, value.tag, event.step, _scalar(value))
+                    if _add(series, value.tag, event.step, _scalar(value)):
+                        walls.setdefault(value.tag, {})[int(event.step)] = event.wall_time
             consumed += len(record) + 16  # the record's frame: length (8), its CRC (4), data, the data's CRC (4)
     except Exception as exc:  # any bytes at all: a bad record (a huge length, a proto that is no Event) ends the file, never the caller
         return f"unreadable after {consumed:,} bytes ({type(exc).__name__}: {str(exc)[:200]})"
@@ -140,13 +145,15 @@ def _scalar(value) -> float | None:
     return float(array.reshape(()))
 
 
-def _add(series: dict[str, list[tuple[int, float]]], tag: str, step: int, value: float | None) -> None:
+def _add(series: dict[str, list[tuple[int, float]]], tag: str, step: int, value: float | None) -> bool:
+    """Add a point (False: not a scalar); a step at or before the last replaces the points from it on."""
     if value is None:
-        return
+        return False
     points = series.setdefault(tag, [])
     if points and step <= points[-1][0]:
         points[:] = [p for p in points if p[0] < step]
     points.append((int(step), value))
+    return True
 
 
 # ---------------------------------------------------------------- a trainer's losses

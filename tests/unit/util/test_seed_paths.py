@@ -19,7 +19,7 @@ SEED_FILES = {
     "failure": "failure.json", "failure_reserve": ".failure.reserve", "stopped": "stopped.json",
     "diverged": "diverged.json", "finished": "finished.json", "segments": "segments.json",
     "checkpoints": "checkpoints", "submitit": ".submitit", "megatron_launch": "launch.sh",
-    "megatron_args": "megatron_args.txt",
+    "megatron_args": "megatron_args.txt", "tensorboard": "tensorboard",
 }
 ATTEMPT_FILES = {"record": "attempt.json", "run_log": "run.log", "pid_file": "run.pid", "submitit": ".submitit",
                  "slurm_output": "slurm-%j.out", "adopted_log": "adopted.log"}
@@ -34,7 +34,9 @@ def test_every_file_of_a_seed_is_a_property_of_its_folder(tmp_path):
     assert files.folder == tmp_path / "results" / "b" / "seed_3" == paths.seed_dir(tmp_path, "b", 3)
     assert {name: getattr(files, name) for name in SEED_FILES} == {
         name: files.folder / file for name, file in SEED_FILES.items()}
-    place = {"benchmark_dir", "results_dir", "root", "seed"}
+    # the seed's scored curve lives outside its folder, under results/tensorboard/ (one tree for TensorBoard)
+    assert files.scored_tensorboard == tmp_path / "results" / "tensorboard" / "b" / "seed_3"
+    place = {"benchmark_dir", "results_dir", "root", "seed", "scored_tensorboard"}
     assert _properties(SeedPaths) == set(SEED_FILES) | place, "a new file of the seed: add it to SEED_FILES"
     attempt = files.attempt(2)
     assert attempt.folder == files.folder / "attempt_2" and attempt.number == 2
