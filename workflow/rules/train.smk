@@ -24,8 +24,7 @@ rule train_seed:
 
 
 # The opt-in trial (a GPT benchmark's `pretrain: trial:`): the planner's best layouts run a few
-# iterations each as jobs through the seeds' launcher; the seeds run the measured fastest. A run
-# that measures: nothing else of the workflow runs beside it on this machine.
+# iterations each as jobs through the seeds' launcher; the seeds run the measured fastest.
 rule trial:
     input:
         unpack(seed_data),
@@ -37,7 +36,6 @@ rule trial:
         "logs/{benchmark}/trial.log",
     message:
         "{wildcards.benchmark}: trial of the planner's best layouts, the measured fastest runs the seeds"
-    threads: workflow.cores
     localrule: True
     script:
         "../scripts/stage.py"

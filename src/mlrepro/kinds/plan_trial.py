@@ -185,7 +185,7 @@ def run_trials(settings: mlrepro_config.Settings, benchmark: str, plan: search.P
         measured, why = measured_step(run_log, iterations)
         spent = cost.seed_cost(cost.seed_attempts(tplan.seed_dir, tplan.gpus_per_node))
         row = {"rank": trial.rank, "tag": trial.tag, "layout": trial.layout.short(),
-               "predicted_s": round(trial.predicted_s, 4), "measured_s": round(measured, 4) if measured else None,
+               "predicted_s": round(trial.predicted_s, 4), "measured_s": round(measured, 6) if measured else None,
                "memory_gb": trial.memory_gb,
                "error_pct": calibration.error_pct(trial.predicted_s, measured) if measured else None,
                "gpu_hours": spent["gpu_hours"], "folder": str(tplan.seed_dir), "error": error or why}

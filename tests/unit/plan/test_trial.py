@@ -128,3 +128,46 @@ def test_a_trial_candidate_runs_without_evaluation_and_logs_every_iteration(tmp_
 def test_trial_needs_a_pretraining_benchmark(capsys):
     assert main(["plan", "--model", "gpt-126m", "--system", "device-h100x2", "--trial", "2"]) == 2
     assert "--trial runs the candidates as seeds of a benchmark" in capsys.readouterr().err
+
+
+def _trial_record(ws: Path, system: str = "cpu-h100x2", gbs: int = 4) -> None:
+    fast, slow = Layout(dp=2, mbs=2, ga=1), Layout(tp=2, mbs=2, ga=2)
+    rows = [{"rank": 1, "tag": "a", "layout": slow.short(), "predicted_s": 0.1, "measured_s": 0.3, "memory_gb": 9.0},
+            {"rank": 2, "tag": "b", "layout": fast.short(), "predicted_s": 0.2, "measured_s": 0.25, "memory_gb": 8.0}]
+    target = paths.trials_json(ws, "gpt_126m")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"system": system, "gbs": gbs, "candidates": rows, "chosen": {"tag": "b"}}))
+
+
+def test_the_seeds_run_the_trials_choice_only_where_the_benchmark_asks_for_a_trial(tmp_path):
+    ws = _workspace(tmp_path / "ws")
+    bench_yaml = ws / "config/benchmarks/gpt_126m.yaml"
+    overrides = {"gbs": 4, "mbs": 2}
+    _trial_record(ws)
+    without = megatron_plan.chosen(ws, mlrepro_config.load_benchmark(ws, "gpt_126m"), "cpu-h100x2", overrides)
+    assert without.variant.name == "gpt-125m"  # no trial: key: trials.json is not read
+    bench_yaml.write_text(bench_yaml.read_text().replace("  layouts:\n", "  trial: {candidates: 2}\n  layouts:\n"))
+    bench = mlrepro_config.load_benchmark(ws, "gpt_126m")
+    p = megatron_plan.chosen(ws, bench, "cpu-h100x2", overrides)
+    assert p.layout == Layout(dp=2, mbs=2, ga=1) and p.step_s == 0.25 and p.memory_gb == 8.0
+    assert p.variant.name == "gpt_126m-trial-b" and p.facts.gpus == 2
+    assert megatron_plan.chosen(ws, bench, "cpu-h100x2", {**overrides, "layout": "gpt-125m"}).variant.name == "gpt-125m"
+    _trial_record(ws, gbs=8)
+    with pytest.raises(megatron_plan.Refused, match="a trial on cpu-h100x2 at GBS 8; the seeds run on cpu-h100x2 at "
+                                                    "GBS 4: delete .*trials to run the trial again"):
+        megatron_plan.chosen(ws, bench, "cpu-h100x2", overrides)
+    paths.trials_json(ws, "gpt_126m").unlink()  # not run yet: the dry run says who chooses
+    line = megatron_plan.dry_run(ws, bench, "cpu-h100x2", overrides).describe
+    assert line.startswith("layout chosen by the trial before the seeds (pretrain: trial: the planner's 2 best "
+                           "layouts at GBS 4, 20 iterations each as jobs, the measured fastest)")
+
+
+@pytest.mark.parametrize("trial, key", [({"candidates": 0}, "candidates"), ({"iterations": 10}, "candidates"),
+                                        ({"candidates": 2, "iterations": 3}, "iterations"),
+                                        ({"candidates": 2, "runs": 3}, "runs")])
+def test_a_bad_trial_key_is_refused_naming_it(tmp_path, trial, key):
+    ws = make_workspace(tmp_path / "ws")
+    bench_yaml = ws / "config/benchmarks/gpt_126m.yaml"
+    bench_yaml.write_text(bench_yaml.read_text().replace("  layouts:\n", f"  trial: {json.dumps(trial)}\n  layouts:\n"))
+    with pytest.raises(mlrepro_config.ConfigError, match=rf"(?s)pretrain.*trial.*{key}|{key}.*trial"):
+        mlrepro_config.load_benchmark(ws, "gpt_126m")
