@@ -42,6 +42,16 @@ export LOCAL_RANK=${SLURM_LOCALID:-${LOCAL_RANK:-0}}
 export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" 2>/dev/null | head -n1 || echo localhost)}
 export MASTER_PORT=${MASTER_PORT:-29500}
 eval "set -- $(cat "$MEGATRON_ARGS_FILE")"
+# On the host (run.sub without a container): DATA_MOUNT=/data=<folder> puts the folder where the
+# arguments, written for the container, name its mount.
+if [ -n "${DATA_MOUNT:-}" ]; then
+  args=()
+  for a in "$@"; do
+    case "$a" in "${DATA_MOUNT%%=*}"/*) a="${DATA_MOUNT#*=}${a#"${DATA_MOUNT%%=*}"}" ;; esac
+    args+=("$a")
+  done
+  set -- "${args[@]}"
+fi
 # A run that saves to be resumed goes through megatron_resume.py (beside this script, on PYTHONPATH): without
 # apex or TE, Megatron-LM's distributed optimizer cannot be resumed otherwise; with them it changes nothing.
 if [ -n "${CHECKPOINT_DIR:-}" ]; then

@@ -383,6 +383,16 @@ def trials_dir(root: Path, benchmark: str) -> Path:
     return benchmark_dir(root, benchmark) / "trials"
 
 
+TRIALS_JSON = "trials.json"
+
+
+def trials_json(root: Path, benchmark: str) -> Path:
+    """results/<benchmark>/trials/trials.json: every candidate's predicted and measured step, and the
+    choice (written by mlrepro.kinds.plan_trial; the seeds of a benchmark with `pretrain: trial:` run
+    its choice, mlrepro.pretrain.megatron_plan.chosen)."""
+    return trials_dir(root, benchmark) / TRIALS_JSON
+
+
 def trial_dirs(benchmark_folder: Path) -> dict[str, Path]:
     """results/<benchmark>/trials/<candidate>/ folders, by candidate."""
     folder = Path(benchmark_folder) / "trials"

@@ -234,6 +234,16 @@ def seed_implementation(wc):
     return [ancient(f) for f in implementation_ready(wc)]
 
 
+def trials_file(name):
+    """results/<benchmark>/trials/trials.json (mlrepro.paths), as a pattern or for one benchmark."""
+    return str(paths.trials_json(Path(), name))
+
+
+def seed_trial(wc):
+    """Input helper: the trial whose choice the seeds run (a benchmark with `pretrain: trial:`), else nothing."""
+    return [trials_file(wc.benchmark)] if (bench(wc.benchmark).pretrain or {}).get("trial") else []
+
+
 def seed_image(name):
     """The seed's image: container.json as a plain ancient() pattern, not through the container
     checkpoint. A seed's input that waits on a checkpoint makes Snakemake build every seed's job

@@ -29,7 +29,7 @@ from mlrepro import config as mlrepro_config
 from mlrepro import paths
 from mlrepro.kinds import megatron as megatron_kind
 from mlrepro.launch import auto, job
-from mlrepro.plan import calibration, hardware, search
+from mlrepro.plan import calibration, hardware, search, workloads
 from mlrepro.plan import cli as plan_cli
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch, megatron_plan
@@ -38,8 +38,7 @@ from mlrepro.util.fsutil import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-ITERATIONS = 10  # per candidate: Megatron's first iterations are warm-up, its steady state follows
-TRIALS_JSON = "trials.json"
+ITERATIONS = megatron_plan.TRIAL_ITERATIONS  # per candidate, the first quarter of them left out as warm-up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +46,7 @@ class Trial:
     layout: Layout
     predicted_s: float
     rank: int
+    memory_gb: float = 0.0
 
     @property
     def tag(self) -> str:
@@ -55,14 +55,15 @@ class Trial:
                 + ("sp" if lay.sp else "") + (f"rc{lay.recompute}" if lay.recompute != "none" else ""))
 
 
-def candidates(plan: search.Plan, k: int) -> list[Trial]:
-    """The K best distinct layouts of the plan's table (rank 1 first)."""
+def candidates(plan: search.Plan, k: int, mbs: int | None = None) -> list[Trial]:
+    """The K best distinct layouts of the plan's table (rank 1 first); with `mbs`, only those of that
+    micro-batch (the workflow's `pretrain: mbs` sets the seeds', so a trial of another would not be what they run)."""
     out, seen = [], set()
     for row in plan.table.to_dict(orient="records"):
         lay = Layout(tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"]), dp=int(row["dp"]), mbs=int(row["mbs"]),
                      ga=int(row["ga"]), sp=bool(row["sp"]), recompute=str(row["recompute"]), vpp=int(row["vpp"]))
-        trial = Trial(lay, float(row["step_s"]), int(row["rank"]))
-        if trial.tag not in seen and lay.cp == 1:  # Megatron's GPT launch line has no context parallelism
+        trial = Trial(lay, float(row["step_s"]), int(row["rank"]), float(row["memory_gb"]))
+        if trial.tag not in seen and lay.cp == 1 and mbs in (None, lay.mbs):  # Megatron's GPT line has no CP
             seen.add(trial.tag)
             out.append(trial)
         if len(out) == k:
@@ -80,9 +81,11 @@ def trial_plan(settings: mlrepro_config.Settings, benchmark: str, trial: Trial, 
     seed = bench.seeds[0]
     corpus_dir = megatron_plan.benchmark_corpus_dir(root, bench)
     run = megatron_plan.seed_run(planned, seed, corpus_dir, system.scheduler, settings.pretrain_overrides.get("attention"))
-    # Every iteration logged (the steady state needs intervals); one evaluation, at the end.
-    run = dataclasses.replace(run, train_iters=iterations, warmup_iters=1, log_interval=1, eval_interval=iterations,
-                              eval_iters=1)
+    # Every iteration logged, so the warm-up can be left out of the measurement (steady_step), and no
+    # evaluation (--eval-iters 0, its interval beyond the run): on 2x H200 a 20-iteration trial that
+    # evaluated once and was measured from its second interval read 0.142 s for a 0.076 s step.
+    run = dataclasses.replace(run, train_iters=iterations, warmup_iters=1, log_interval=1,
+                              eval_interval=iterations + 1, eval_iters=0)
     folder = paths.trials_dir(root, benchmark) / trial.tag
     lay, per_node = trial.layout, system.gpus_per_node
     nodes = max(1, lay.gpus // per_node)
@@ -108,24 +111,66 @@ def trial_plan(settings: mlrepro_config.Settings, benchmark: str, trial: Trial, 
     return job.with_sbatch(plan, system)
 
 
-def measured_step(log_path: Path, trial: Trial, seq: int) -> tuple[float | None, str | None]:
+def warmup(iterations: int) -> int:
+    """The iterations a trial leaves out of its measurement: the first quarter, at least Megatron's first
+    interval and the one after it (the allocator and the first gradient reduce settle there)."""
+    return max(megatron_score.STEADY_SKIP, iterations // 4)
+
+
+def steady_step(parsed: megatron_log.TrainingLog, skip: int) -> float | None:
+    """Seconds per iteration in the steady state: the median over the iterations after the first `skip`
+    (Megatron logs each one's time with --log-interval 1); None with none left."""
+    times = sorted(i.iter_ms for i in parsed.iterations if i.iteration > skip and i.iter_ms)
+    if not times:
+        return None
+    mid = len(times) // 2
+    return (times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2) / 1000
+
+
+def measured_step(log_path: Path, iterations: int) -> tuple[float | None, str | None]:
     """(seconds per iteration in the steady state, why none) from the candidate's Megatron log."""
     if not log_path.is_file():
         return None, "no log"
     parsed = megatron_log.parse_log(log_path)
-    t = megatron_score.throughput(parsed, gpus=trial.layout.gpus, seq_length=seq, peak_tflops=None)
-    if not t["iter_time_s"]:
-        return None, "; ".join(parsed.problems[:2]) or "no training iteration in the log"
-    return float(t["iter_time_s"]), None
+    step = steady_step(parsed, warmup(iterations))
+    if step is None:
+        return None, "; ".join(parsed.problems[:2]) or f"no training iteration after the first {warmup(iterations)}"
+    return step, None
+
+
+def benchmark_plan(settings: mlrepro_config.Settings, benchmark: str, top: int) -> search.Plan:
+    """The planner's table for the benchmark's trial in the workflow: its model at the seeds' global
+    batch (megatron_plan.trial_gbs) on the system, `top` rows."""
+    bench = settings.benchmark(benchmark)
+    facts = hardware.from_system(settings.system, settings.root)
+    work = workloads.gpt(bench.pretrain["model"], megatron_plan.trial_gbs(bench, settings.pretrain_overrides))
+    return search.plan(work, facts, top=top)
+
+
+def run_benchmark_trial(settings: mlrepro_config.Settings, benchmark: str) -> dict:
+    """The trial a benchmark's `pretrain: trial:` asks for (the workflow's rule `trial`): trials.json
+    written; job.SeedFailed when no candidate was measured (the seeds would have nothing to run)."""
+    trial = megatron_plan.trial_of(settings.benchmark(benchmark))
+    k, iterations = int(trial["candidates"]), int(trial.get("iterations", ITERATIONS))
+    mbs = settings.pretrain_overrides.get("mbs")
+    # Rows enough that K distinct layouts remain after those the launch line cannot run are left out.
+    plan = benchmark_plan(settings, benchmark, top=max(10, 4 * k))
+    record = run_trials(settings, benchmark, plan, k, iterations, mbs=int(mbs) if mbs else None)
+    if record["chosen"] is None:
+        raise job.SeedFailed(f"{benchmark}: no candidate of the trial was measured: "
+                             + "; ".join(f"{r['tag']}: {r['error']}" for r in record["candidates"]))
+    return record
 
 
 def run_trials(settings: mlrepro_config.Settings, benchmark: str, plan: search.Plan, k: int,
-               iterations: int = ITERATIONS) -> dict:
+               iterations: int = ITERATIONS, *, mbs: int | None = None) -> dict:
     """Run the top K candidates one after the other, choose the measured fastest, write trials.json."""
     if k < 1:
         raise ValueError("--trial needs at least one candidate")
+    if iterations <= warmup(iterations):
+        raise ValueError(f"a trial of {iterations} iterations leaves none after its warm-up")
     system, root = settings.system, settings.root
-    trials = candidates(plan, k)
+    trials = candidates(plan, k, mbs)
     rows = []
     for trial in trials:
         tplan = trial_plan(settings, benchmark, trial, iterations)
@@ -137,10 +182,11 @@ def run_trials(settings: mlrepro_config.Settings, benchmark: str, plan: search.P
             auto.run_seed_attempts(tplan, system, run_log, None, 0, finish=lambda: None)
         except job.SeedFailed as exc:
             error = str(exc).splitlines()[0]
-        measured, why = measured_step(run_log, trial, plan.workload.model.seq)
+        measured, why = measured_step(run_log, iterations)
         spent = cost.seed_cost(cost.seed_attempts(tplan.seed_dir, tplan.gpus_per_node))
         row = {"rank": trial.rank, "tag": trial.tag, "layout": trial.layout.short(),
-               "predicted_s": round(trial.predicted_s, 4), "measured_s": round(measured, 4) if measured else None,
+               "predicted_s": round(trial.predicted_s, 4), "measured_s": round(measured, 6) if measured else None,
+               "memory_gb": trial.memory_gb,
                "error_pct": calibration.error_pct(trial.predicted_s, measured) if measured else None,
                "gpu_hours": spent["gpu_hours"], "folder": str(tplan.seed_dir), "error": error or why}
         rows.append(row)
@@ -151,11 +197,12 @@ def run_trials(settings: mlrepro_config.Settings, benchmark: str, plan: search.P
     done = [r for r in rows if r["measured_s"]]
     chosen = min(done, key=lambda r: r["measured_s"]) if done else None
     record = {"benchmark": benchmark, "system": system.name, "model": plan.workload.model.name,
-              "gbs": plan.workload.gbs, "iterations": iterations, "candidates": rows,
+              "gbs": plan.workload.gbs, "iterations": iterations, "measured_after": warmup(iterations),
+              "candidates": rows,
               "chosen": chosen and {k: chosen[k] for k in ("tag", "layout", "rank", "predicted_s", "measured_s")},
               "planner_first": rows[0]["tag"] if rows else None,
               "gpu_hours": sum(r["gpu_hours"] for r in rows), "unit": cost.unit(system.device)}
-    atomic_write_json(paths.trials_dir(root, benchmark) / TRIALS_JSON, record)
+    atomic_write_json(paths.trials_json(root, benchmark), record)
     if done:
         calibration.calibrate_system(root, system.name)  # the next plan starts from what the trials measured
     return record
@@ -163,26 +210,10 @@ def run_trials(settings: mlrepro_config.Settings, benchmark: str, plan: search.P
 
 def read_chosen(root: Path, benchmark: str) -> Layout | None:
     """The layout the benchmark's last trial chose (None: no trial, or none measured)."""
-    record = paths.read_json_if_exists(paths.trials_dir(root, benchmark) / TRIALS_JSON) or {}
+    record = paths.read_json_if_exists(paths.trials_json(root, benchmark)) or {}
     chosen = record.get("chosen") or {}
-    for row in record.get("candidates") or []:
-        if row.get("tag") == chosen.get("tag"):
-            return _layout_of(row["layout"])
-    return None
-
-
-def _layout_of(short: str) -> Layout:
-    """Layout.short() read back."""
-    fields = dict.fromkeys(("TP", "PP", "CP", "DP", "MBS", "GA", "VPP"), 1)
-    parts = short.replace("(", " ").replace(")", " ").split()
-    for p in parts:
-        for key in sorted(fields, key=len, reverse=True):
-            if p.startswith(key) and p[len(key):].isdigit():
-                fields[key] = int(p[len(key):])
-                break
-    recompute = next((p.split("=")[1] for p in parts if p.startswith("recompute=")), "none")
-    return Layout(tp=fields["TP"], pp=fields["PP"], cp=fields["CP"], dp=fields["DP"], mbs=fields["MBS"],
-                  ga=fields["GA"], vpp=fields["VPP"], sp="SP" in parts, recompute=recompute)
+    row = next((r for r in record.get("candidates") or [] if r.get("tag") == chosen.get("tag")), None)
+    return megatron_plan.read_layout(row["layout"]) if row else None
 
 
 # ------------------------------------------------------------------------- the command
@@ -225,5 +256,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"  rank {r['rank']}: {r['layout']}: predicted {r['predicted_s']:.4f} s, measured {measured}{error}")
     chosen = record["chosen"]
     print(f"chosen: {chosen['layout']} (measured fastest)" if chosen else "chosen: none (no candidate measured)")
-    print(f"written: {paths.trials_dir(Path(args.root).resolve(), args.benchmark) / TRIALS_JSON}")
+    print(f"written: {paths.trials_json(Path(args.root).resolve(), args.benchmark)}")
     return 0 if chosen else 1

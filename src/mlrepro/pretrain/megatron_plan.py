@@ -35,6 +35,9 @@ UNPREPARED = "UNPREPARED"  # stands in a dry run's line for what the corpus stag
 BLEND, VOCAB, MERGES = "data_prefix.json", "tokenizer/vocab.json", "tokenizer/merges.txt"
 
 
+TRIAL_ITERATIONS = 20  # a trial candidate's iterations where `pretrain: trial:` gives none
+
+
 class Refused(ValueError):
     """The layout cannot run on the system; the message says why."""
 
@@ -403,10 +406,64 @@ def first_fit(root: Path, bench: mlrepro_config.Benchmark, system: str) -> Plann
     raise Refused(f"{bench.name} cannot run on system {system!r}: " + "; ".join(reasons))
 
 
+def trial_of(bench: mlrepro_config.Benchmark) -> dict | None:
+    """The benchmark's opt-in trial (`pretrain: trial: {candidates, iterations}`), None without one."""
+    return (bench.pretrain or {}).get("trial")
+
+
+def trial_gbs(bench: mlrepro_config.Benchmark, overrides: dict | None = None) -> int:
+    """The global batch the trial's candidates run at: the seeds' (the workflow's `pretrain: gbs`, else the benchmark's)."""
+    return int((overrides or {}).get("gbs") or bench.pretrain["gbs"])
+
+
+def read_layout(short: str) -> Layout:
+    """Layout.short() read back (trials.json names its layouts so)."""
+    fields = dict.fromkeys(("TP", "PP", "CP", "DP", "MBS", "GA", "VPP"), 1)
+    parts = short.replace("(", " ").replace(")", " ").split()
+    for part in parts:
+        for key in sorted(fields, key=len, reverse=True):
+            if part.startswith(key) and part[len(key):].isdigit():
+                fields[key] = int(part[len(key):])
+                break
+    recompute = next((part.split("=")[1] for part in parts if part.startswith("recompute=")), "none")
+    return Layout(tp=fields["TP"], pp=fields["PP"], cp=fields["CP"], dp=fields["DP"], mbs=fields["MBS"],
+                  ga=fields["GA"], vpp=fields["VPP"], sp="SP" in parts, recompute=recompute)
+
+
+def trial_choice(root: Path, bench: mlrepro_config.Benchmark, system: str,
+                 overrides: dict | None = None) -> tuple[Layout, dict] | None:
+    """The layout the benchmark's trial chose and its row of trials.json; None while no trial has chosen.
+    A trial of another system or global batch is refused: what it measured is not what the seeds run."""
+    record = paths.read_json_if_exists(paths.trials_json(root, bench.name)) or {}
+    tag = (record.get("chosen") or {}).get("tag")
+    row = next((r for r in record.get("candidates") or [] if r.get("tag") == tag), None)
+    if row is None:
+        return None
+    gbs = trial_gbs(bench, overrides)
+    if (record.get("system"), record.get("gbs")) != (system, gbs):
+        raise Refused(f"{paths.trials_json(root, bench.name)} is a trial on {record.get('system')} at GBS "
+                      f"{record.get('gbs')}; the seeds run on {system} at GBS {gbs}: delete "
+                      f"{paths.trials_dir(root, bench.name)} to run the trial again")
+    return read_layout(row["layout"]), row
+
+
+def _trial_planned(root: Path, bench: mlrepro_config.Benchmark, system: str, lay: Layout, row: dict) -> Planned:
+    """The trial's choice as a plan: its layout exactly, priced at the step it measured on this system."""
+    first = next(iter(variants(bench).values()))
+    v = dataclasses.replace(first, name=f"{bench.name}-trial-{row['tag']}", tp=lay.tp, pp=lay.pp, dp=lay.dp,
+                            gbs=lay.gbs)
+    facts = hardware.from_system(mlrepro_config.load_system(root, system), root).with_gpus(lay.gpus)
+    iterations = math.ceil(v.tokens / (v.gbs * workloads.gpt(v.model, v.gbs).model.seq))
+    return Planned(v, facts, lay, float(row.get("memory_gb") or 0.0), float(row["measured_s"]), iterations)
+
+
 def chosen(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides: dict | None = None) -> Planned:
     """The layout a seed runs: the one the workflow's `pretrain: layout` names (Refused, naming why,
-    when it does not fit the system), else the benchmark's first that fits (first_fit)."""
+    when it does not fit the system), else the one the benchmark's trial chose (trial_choice), else the
+    benchmark's first that fits (first_fit; also while the trial has not run: the dry run says so)."""
     name = (overrides or {}).get("layout")
+    if not name and trial_of(bench) and (choice := trial_choice(root, bench, system, overrides)):
+        return _trial_planned(root, bench, system, *choice)
     if not name:
         return first_fit(root, bench, system)
     table = variants(bench)
@@ -431,6 +488,11 @@ def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides:
                      expected_failures=failures(p, bench, sysconf, overrides, measured),
                      deterministic=bool(overrides.get("deterministic")),
                      tensorboard_dir=str(paths.SeedPaths.of(root, bench.name, seed).tensorboard))
+    if (trial := trial_of(bench)) and not overrides.get("layout") and not trial_choice(root, bench, system, overrides):
+        lines.insert(0, f"layout chosen by the trial before the seeds (pretrain: trial: the planner's "
+                        f"{trial['candidates']} best layouts at GBS {trial_gbs(bench, overrides)}, "
+                        f"{trial.get('iterations', TRIAL_ITERATIONS)} iterations each as jobs, the measured fastest); "
+                        f"until it has run, the benchmark's first layout that fits")
     return DryRun(" | ".join(x.strip() for x in lines), job_minutes(p, overrides))
 
 

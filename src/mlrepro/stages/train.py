@@ -1,4 +1,5 @@
-"""The rule of workflow/rules/train.smk: one seed run, retried, its log kept as its result."""
+"""The rules of workflow/rules/train.smk: one seed run, retried, its log kept as its result; and the
+opt-in trial whose measured fastest layout a GPT benchmark's seeds run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 from pathlib import Path
 
 from mlrepro import kinds, paths
+from mlrepro.kinds import plan_trial
 from mlrepro.launch import adopt, auto, chain, finished, job
 from mlrepro.scoring import early_stop
 from mlrepro.scoring import rules as scoring_rules
@@ -120,3 +122,17 @@ def adopted(kind, bench, plan: job.SeedPlan, log_path: Path, out: Path, chained:
     finished.record(plan.seed_dir, out)
     log.info("%s seed %d: the finished run of an earlier workflow kept, not trained again", bench.name, plan.seed)
     return True
+
+
+@rule(lambda smk, s: ((s, smk.wildcards.benchmark), {}))
+def trial(settings, benchmark: str) -> None:
+    """The benchmark's `pretrain: trial:` (mlrepro.kinds.plan_trial): its candidates run as jobs, the
+    measured fastest written as the choice into trials.json, which the seeds' plans read
+    (mlrepro.pretrain.megatron_plan.chosen)."""
+    record = plan_trial.run_benchmark_trial(settings, benchmark)
+    for row in record["candidates"]:
+        measured = f"measured {row['measured_s']} s" if row["measured_s"] else f"not measured ({row['error']})"
+        log.info("%s trial rank %d %s: predicted %s s, %s", benchmark, row["rank"], row["layout"], row["predicted_s"],
+                 measured)
+    log.info("%s: the seeds run %s (the measured fastest; the trials spent %.4g %s)", benchmark,
+             record["chosen"]["layout"], record["gpu_hours"], record["unit"])
