@@ -18,6 +18,7 @@
 # PART repeat: the same seed uninterrupted at LAYOUT, RUNS (2) times: the run-to-run spread.
 # PART determinism: (x4) the chained GPT-126M seed at DP2 with --deterministic-mode (GPUs 0,1, one segment killed)
 #             next to the same seed uninterrupted twice (GPUs 2,3).
+# PART deepspeed: gpt_126m_deepspeed on one GPU through the workflow (carry .gpu/ds beside .gpu/mg).
 # PART planner: (x4) GPT-126M through the workflow on 1 GPU and at DP2 (GBS 16 and 32), then `mlrepro plan --trial 3`.
 # PART sweep: (x4) issue 35's layout sweep: GEMM/SDPA shapes (device/gemm_shapes_sweep.py), a preflight, the baseline
 #             stage's Megatron-LM runs of 8-10 layouts each of GPT-1.3B GBS16 and GBS64 and GPT-126M GBS16.
@@ -317,6 +318,24 @@ if [ "$PART" = determinism ] && [ "$NGPU" -ge 4 ]; then
   say "segments: $(cd /tmp/lanes/chain && python3 -c "import json; [print(s['index'], s['from_step'], s['to_step'], s.get('class'), s.get('gpu_s'), s.get('lost_steps'), s.get('lost_s'), s.get('val_loss')) for s in json.load(open('results/gpt_126m_chain/seed_1/segments.json'))['segments']]" 2>&1 | tr '\n' ';')"
   for l in chain ref1 ref2; do say "$l: $(grep -h 'validation loss at iteration' /tmp/lanes/$l/results/gpt_126m*/seed_1/mllog.txt 2>/dev/null | tail -2 | tr '\n' ' ')"; done
   say "lm loss at 600: $(for l in chain ref1 ref2; do grep -h ' iteration  *600/' /tmp/lanes/$l/results/gpt_126m*/seed_1/mllog.txt 2>/dev/null | grep -o 'lm loss: [0-9.E+-]*' | head -1; done | tr '\n' ' ')"
+fi
+
+if [ "$PART" = deepspeed ]; then
+  # Issue 34's first contact: gpt_126m_deepspeed (deepspeedai/Megatron-DeepSpeed, patched; DeepSpeed's pure-Python
+  # wheel) on one GPU through the workflow, from the corpus stages to score.json. Carried: DS (default .gpu/ds,
+  # device/deepspeed_carry.sh) beside C.
+  DS=${DS:-$PWD/.gpu/ds}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$DS"/whl/*.whl \
+    > /tmp/pip_ds.txt 2>&1 || { say "DeepSpeed wheels failed"; tail -5 /tmp/pip_ds.txt | tee -a "$SUMMARY"; }
+  say "deepspeed: $(python3 -c 'import deepspeed; print(deepspeed.__version__)' 2>&1 | tail -1)"
+  lane ds
+  printf 'benchmarks: [gpt_126m_deepspeed]\ncorpora: [mini_corpus]\npretrain: {layout: gpt-125m, train_iters: %s, gbs: 16, mbs: 8, megatron: %s, walltime_minutes: 4}\n' \
+    "${ITERS:-300}" "$DS/megatron-deepspeed.tar.gz" > /tmp/lanes/ds/device.yaml
+  (export CUDA_VISIBLE_DEVICES=0; smk ds $(( DEADLINE - $(date +%s) - 10 )) results/gpt_126m_deepspeed/score.json --configfile device.yaml --config system=$SYS2)
+  keep ds "results/gpt_126m_deepspeed" logs/train logs/score
+  say "run.json: $(head -c 600 /tmp/lanes/ds/results/gpt_126m_deepspeed/seed_1/run.json 2>&1)"
+  say "seed log tail: $(tail -25 /tmp/lanes/ds/results/gpt_126m_deepspeed/seed_1/attempt_1/run.log 2>&1 | cut -c1-300)"
+  say "snakemake tail: $(tail -8 "$REC/ds.snakemake.txt" 2>&1 | cut -c1-300)"
 fi
 
 if [ "$PART" = planner ] && [ "$NGPU" -ge 4 ]; then
