@@ -43,8 +43,9 @@ def test_megatron_plan_in_the_dry_run(ws):
     _, out, seeds = _plan(ws, "gpt_13b", "dgxh100-64x8")
     assert planned_jobs(out).get("train_seed") == 1, out[-3000:]
     head, failures, sbatch, srun = seeds[0].split(" | ")
-    # The expected failures next to the planned GPU-hours (issue 33): this layout does not save.
-    assert failures.startswith("failures: MTBF 1,846.2 h on 2 node(s)") and "no checkpoints" in failures
+    # The expected failures next to the planned GPU-hours (issue 33): the benchmark checkpoints (segments:) at the
+    # Young/Daly interval of the system's failures.
+    assert failures.startswith("failures: MTBF 1,846.2 h on 2 node(s)") and "min, Young/Daly); expected" in failures
     assert "GPU-hours, expected lost to failures" in failures
     assert head.startswith("gpt-13b-4xdp-4xpp on dgxh100-64x8: 2 node(s) x 8 GPUs (16 x NVIDIA H100 80GB HBM3)")
     assert "layout TP1 PP4 DP4" in head and "wall time" in head

@@ -123,15 +123,14 @@ def test_the_checkpoint_is_weights_and_adam_state():
 
 
 def test_the_dry_run_prints_the_expected_failures_next_to_the_planned_gpu_hours(tmp_path):
-    bench = mlrepro_config.load_benchmark(ROOT, "gpt_13b")
-    shown = megatron_plan.dry_run(ROOT, bench, "dgxh100-64x8", corpus_dir=tmp_path).describe.split(" | ")
+    bench = _saving(tmp_path / "conf", saves=False)
+    shown = megatron_plan.dry_run(tmp_path / "conf", bench, "dgxh100-64x8", corpus_dir=tmp_path).describe.split(" | ")
     line = shown[1]
     assert line.startswith("failures: MTBF 1,846.2 h on 2 node(s), restart 600 s (configured), a save ")
-    # gpt_13b has no segments: block, so it never saves: a failure restarts it from the beginning
-    # gpt_13b has no segments: block, so it never saves: a failure restarts it from the beginning. The figures are
+    # gpt_13b without its segments: block, so it never saves: a failure restarts it from the beginning. The figures are
     # the plan's own (its step time moves with the cost model), printed as failures() computes them.
-    p = megatron_plan.chosen(ROOT, bench, "dgxh100-64x8")
-    f = megatron_plan.failures(p, bench, mlrepro_config.load_system(ROOT, "dgxh100-64x8"))
+    p = megatron_plan.chosen(tmp_path / "conf", bench, "dgxh100-64x8")
+    f = megatron_plan.failures(p, bench, mlrepro_config.load_system(tmp_path / "conf", "dgxh100-64x8"))
     assert not f.saves and 0.3 < f.expected.interruptions < 1
     assert (f"no checkpoints (no segments: block): expected {f.expected.interruptions:.3g} interruptions, "
             "each restarting the run") in line
@@ -141,8 +140,8 @@ def test_the_dry_run_prints_the_expected_failures_next_to_the_planned_gpu_hours(
     assert 0.15 < lost / planned < 0.35  # about one restart in two of a run 0.53 MTBFs long
 
 
-def _saving(tmp_path, pretrain: dict | None = None):
-    """gpt_13b with a segments: block (it saves) in a copy of the repository's config."""
+def _saving(tmp_path, pretrain: dict | None = None, saves: bool = True):
+    """gpt_13b with a segments: block (it saves), or without one, in a copy of the repository's config."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     for sub in ("workflow", "implementations"):
         (tmp_path / sub).symlink_to(ROOT / sub)
@@ -150,6 +149,8 @@ def _saving(tmp_path, pretrain: dict | None = None):
     path = tmp_path / "config" / "benchmarks" / "gpt_13b.yaml"
     data = yaml.safe_load(path.read_text())
     data["segments"] = {"job_seconds": None, "margin_seconds": 60}
+    if not saves:
+        del data["segments"]
     data["pretrain"] |= pretrain or {}
     path.write_text(yaml.safe_dump(data))
     return mlrepro_config.load_benchmark(tmp_path, "gpt_13b")
