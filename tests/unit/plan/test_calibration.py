@@ -170,13 +170,15 @@ def test_calibrated_on_the_2xh200_sweep_every_workloads_first_choice_is_within_5
     facts = hardware.with_measured(hardware.load(ROOT, SYSTEM, measured=False), preflight, baseline).with_tuning(None)
     rows = calibration.baseline_observations(baseline, "sweep")
     assert len(rows) == 23
-    record = calibration.calibrate(rows, facts, source="sweep")
-    assert "launch_per_layer_s" in record["free"] and record["tuning"]["launch_per_layer_s"] > 0.001
-    before = [abs(r["before_error_pct"]) for r in record["rows"]]
-    after = [abs(r["after_error_pct"]) for r in record["rows"]]
+    # the fit alone (calibrate's leave-one-out refits 23 times; benchmarks/planner_calibration.py records those)
+    assert "launch_per_layer_s" in calibration.free_constants(rows)
+    tuning = calibration.fit(rows, facts, source="sweep")
+    assert tuning.launch_per_layer_s > 0.001
+    tuned = facts.with_tuning(tuning)
+    before = [abs(calibration.error_pct(calibration.predict(o, facts), o.measured_s)) for o in rows]
+    after = [abs(calibration.error_pct(calibration.predict(o, tuned), o.measured_s)) for o in rows]
     assert max(before) > 50 and max(after) < 25
     assert sum(e <= 15 for e in after) >= 21
-    tuned = facts.with_tuning(hardware.Tuning.from_json(record["tuning"]))
     for (model, gbs) in (("gpt-1.3b", 16), ("gpt-1.3b", 64), ("gpt-126m", 16)):
         group = [o for o in rows if o.model == model and o.layout.gbs == gbs]
         best = search.plan(workloads.gpt(model, gbs), tuned.with_gpus(2), top=1).layout
