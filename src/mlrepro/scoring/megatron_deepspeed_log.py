@@ -34,11 +34,7 @@ TRAIN_TAG = "lm-loss-training/lm loss"
 VALID_TAG = "lm-loss-validation/lm loss validation"
 ITER_TIME_TAG = "iteration-time/iteration-time"
 
-# megatron_log's patterns for what the two dialects share (its own are private to it).
-_PREFIX = re.compile(r"^(?:\s*\d+:\s)?")  # srun -l
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_START = re.compile(r"\[before the start of training step\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
-_ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
+# What the two dialects share is megatron_log's (clean_line, ITERATION, TRAINING_START); these are this fork's own.
 _ITER_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([-+0-9.eE]+)")
 _LM_LOSS_VALUE = re.compile(r"lm loss value:\s*([-+0-9.eE]+)")
 _DS_FIELD = re.compile(r"\|\s*(consumed tokens|samples per second|tokens per gpu per second \(tgs\)|TFLOPs):\s*([-+0-9.eE]+)")
@@ -69,11 +65,11 @@ def parse_lines(lines) -> DeepSpeedLog:
     clock, prev, finals = None, 0, []
     times = {}
     for raw in lines:
-        line = _PREFIX.sub("", _ANSI.sub("", raw.rstrip("\n")), count=1)
-        if m := _START.search(line):
+        line = megatron_log.clean_line(raw)
+        if m := megatron_log.TRAINING_START.search(line):
             clock = _datetime(m.group(1))
             continue
-        if m := _ITER.search(line):
+        if m := megatron_log.ITERATION.search(line):
             it = int(m.group(1))
             fields = dict(_DS_FIELD.findall(line))
             ms = _ITER_MS.search(line)

@@ -24,13 +24,18 @@ from mlrepro.scoring.mllog import open_regular
 _PREFIX = re.compile(r"^(?:\s*\d+:\s)?")  # srun -l
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
-_ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
+ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
 _FIELD = re.compile(r"([A-Za-z][A-Za-z0-9 _/()\-.]*?):\s*([-+0-9.eEnaNifINF]+)\s*\|")
 _VALID = re.compile(r"validation(?:-\S+)? loss at iteration (\d+)(?: on validation set)?\s*\|(.*)")
 _MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(MB\)\s*\|(.*)")
-_START = re.compile(r"\[before the start of training step\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+TRAINING_START = re.compile(r"\[before the start of training step\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
 _ARG = re.compile(r"^\s{2}(\w+) \.{3,} (.*?)\s*$")  # the arguments block Megatron prints at start
 _NEMO_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_ ]*?)=([-+0-9.eE]+|nan|inf)(?=[,\]\s])")
+
+
+def clean_line(raw: str) -> str:
+    """A log line as the patterns read it: srun -l's rank prefix and terminal colours taken off."""
+    return _PREFIX.sub("", _ANSI.sub("", raw.rstrip("\n")), count=1)
 
 
 @dataclasses.dataclass
@@ -96,7 +101,7 @@ def _stamp(text: str) -> datetime | None:
 
 
 def _megatron_iteration(line: str) -> Iteration | None:
-    m = _ITER.search(line)
+    m = ITERATION.search(line)
     if not m:
         return None
     f = _fields(line[m.end():])
@@ -118,8 +123,8 @@ def parse_lines(lines) -> TrainingLog:
     log = TrainingLog(source="none", iterations=[], validations=[])
     last_time = None
     for raw in lines:
-        line = _PREFIX.sub("", _ANSI.sub("", raw.rstrip("\n")), count=1)
-        if m := _START.search(line):
+        line = clean_line(raw)
+        if m := TRAINING_START.search(line):
             stamp = _datetime(m.group(1))
             if stamp is not None:
                 log.starts.append(stamp)
