@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from mlrepro import config, paths
+from mlrepro.launch import chain
 from mlrepro.paths import AttemptPaths, SeedPaths
 from mlrepro.plan import goodput as failure_model
 from mlrepro.pretrain import progress
@@ -383,9 +384,10 @@ def reproduction(folder: Path) -> dict:
                 out["excluded_nodes"][record.parent.name] = nodes
     bench = _benchmark(root, folder.name)
     if bench is not None and out["goodput"] and (bench.inject_failures or {}).get("mtbf_seconds"):
-        # Failures injected at a known rate: the failure model's prediction, as the score stage makes it.
-        job = (bench.segments or {}).get("job_seconds")
-        span = job - (bench.segments or {}).get("margin_seconds", 0) if job else None
+        # Failures injected at a known rate: the failure model's prediction, as the score stage makes it (the
+        # benchmark's own job limit: status does not know the system's max_job_minutes).
+        lim = chain.limits(bench.segments, None)
+        span = lim.training_seconds if lim is not None else None
         out["goodput"]["predicted"] = failure_model.measured_prediction(
             out["goodput"], bench.inject_failures["mtbf_seconds"], job_limit_s=span)
     if bench is not None and any(SeedPaths(f).mllog.is_file() for f in paths.seed_dirs(folder).values()):

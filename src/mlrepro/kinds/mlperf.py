@@ -162,7 +162,7 @@ def _saving(settings: Settings, bench: Benchmark, cfg, limits: chain.Limits) -> 
                                 checkpoint_seconds=measured.get("checkpoint_cost_s"))
     workload = workloads.BENCHMARKS.get(bench.mlperf_benchmark or "")
     size = goodput.checkpoint_bytes(workload) if workload else None
-    span = limits.job_seconds - limits.margin_seconds if limits.job_seconds else None
+    span = limits.training_seconds
     run = model.job(nodes=cfg.nodes, gpus=cfg.nodes * cfg.gpus_per_node, work_s=steps * pace,
                     checkpoint_bytes=size or 0.0, progress_interval_s=pace, job_limit_s=span)
     young_daly = max(1, round(goodput.young_daly_interval(run) / pace))

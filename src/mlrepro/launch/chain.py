@@ -46,6 +46,11 @@ class Limits:
     margin_seconds: float
     save_signal_seconds: float = 0  # SIGUSR1 this long before the limit (0: the trainer's margin alone)
 
+    @property
+    def training_seconds(self) -> float | None:
+        """What one job of the chain trains: its limit less the margin the trainer stops before it; None: no limit."""
+        return self.job_seconds - self.margin_seconds if self.job_seconds else None
+
 
 def limits(segments: dict | None, max_job_minutes: float | None) -> Limits | None:
     """The job limit a benchmark's seeds run under on a system; None for a benchmark that does not checkpoint."""

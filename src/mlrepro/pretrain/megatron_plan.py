@@ -289,7 +289,7 @@ def failures(p: Planned, bench: mlrepro_config.Benchmark, system: mlrepro_config
                                 checkpoint_seconds=measured.get("checkpoint_cost_s"))
     size = goodput.checkpoint_bytes(workloads.gpt(p.variant.model, lay.gbs))
     limits = chain.limits(bench.segments, system.max_job_minutes)
-    span = limits.job_seconds - limits.margin_seconds if limits is not None and limits.job_seconds else None
+    span = limits.training_seconds if limits is not None else None
     job = model.job(nodes=max(1, lay.gpus // p.facts.gpus_per_node), gpus=lay.gpus, work_s=step * p.iterations,
                     checkpoint_bytes=size, progress_interval_s=step * megatron_launch.Run.log_interval, job_limit_s=span)
     given = overrides.get("save_interval") or (bench.pretrain or {}).get("save_interval")

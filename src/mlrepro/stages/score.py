@@ -127,7 +127,7 @@ def reproduction_cost(settings, benchmark: str) -> dict:
     if measured and injected.get("mtbf_seconds"):
         # Failures at a known rate: the failure model's prediction beside what the seeds measured.
         lim = chain.limits(bench.segments, settings.system.max_job_minutes)
-        span = lim.job_seconds - lim.margin_seconds if lim is not None and lim.job_seconds else None
+        span = lim.training_seconds if lim is not None else None
         measured["predicted"] = failure_model.measured_prediction(measured, injected["mtbf_seconds"], job_limit_s=span)
     out = {"cost": spent, "running_verdict": early_stop.running(settings.root, bench, scoring_rules.for_benchmark(bench)),
            "goodput": measured}
