@@ -18,7 +18,8 @@
 # PART repeat: the same seed uninterrupted at LAYOUT, RUNS (2) times: the run-to-run spread.
 # PART determinism: (x4) the chained GPT-126M seed at DP2 with --deterministic-mode (GPUs 0,1, one segment killed)
 #             next to the same seed uninterrupted twice (GPUs 2,3).
-# PART deepspeed: gpt_126m_deepspeed on one GPU through the workflow (carry .gpu/ds beside .gpu/mg).
+# PART deepspeed: (x4) gpt_126m_deepspeed chained on 1 GPU, at 2xdp, and gpt_126m beside it; the trial mode
+#             (carry .gpu/ds beside .gpu/mg).
 # PART planner: (x4) GPT-126M through the workflow on 1 GPU and at DP2 (GBS 16 and 32), then `mlrepro plan --trial 3`.
 # PART sweep: (x4) issue 35's layout sweep: GEMM/SDPA shapes (device/gemm_shapes_sweep.py), a preflight, the baseline
 #             stage's Megatron-LM runs of 8-10 layouts each of GPT-1.3B GBS16 and GBS64 and GPT-126M GBS16.
@@ -321,21 +322,80 @@ if [ "$PART" = determinism ] && [ "$NGPU" -ge 4 ]; then
 fi
 
 if [ "$PART" = deepspeed ]; then
-  # Issue 34's first contact: gpt_126m_deepspeed (deepspeedai/Megatron-DeepSpeed, patched; DeepSpeed's pure-Python
-  # wheel) on one GPU through the workflow, from the corpus stages to score.json. Carried: DS (default .gpu/ds,
-  # device/deepspeed_carry.sh) beside C.
-  DS=${DS:-$PWD/.gpu/ds}
+  # Issue 34's acceptance: gpt_126m_deepspeed (deepspeedai/Megatron-DeepSpeed, patched; DeepSpeed's pure-Python
+  # wheel, carried in DS from device/deepspeed_carry.sh) through the workflow on the miniature corpus, ITERS
+  # iterations at GBS 16: on one GPU as a chained seed (GPU0; a DS_JOB_S job limit less 30 s, so the fork's clock
+  # ends the first job and the second resumes from DeepSpeed's checkpoint), Megatron-LM's gpt_126m beside it on
+  # GPU1 (the side-by-side), and the 2xdp layout on GPUs 2,3 (on x2: GPUs 0,1 after them); then (issue 35) the
+  # trial mode on the same pair.
+  DS=${DS:-$PWD/.gpu/ds}; ITERS=${ITERS:-400}
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$DS"/whl/*.whl \
     > /tmp/pip_ds.txt 2>&1 || { say "DeepSpeed wheels failed"; tail -5 /tmp/pip_ds.txt | tee -a "$SUMMARY"; }
-  say "deepspeed: $(python3 -c 'import deepspeed; print(deepspeed.__version__)' 2>&1 | tail -1)"
-  lane ds
-  printf 'benchmarks: [gpt_126m_deepspeed]\ncorpora: [mini_corpus]\npretrain: {layout: gpt-125m, train_iters: %s, gbs: 16, mbs: 8, megatron: %s, walltime_minutes: 4}\n' \
-    "${ITERS:-300}" "$DS/megatron-deepspeed.tar.gz" > /tmp/lanes/ds/device.yaml
-  (export CUDA_VISIBLE_DEVICES=0; smk ds $(( DEADLINE - $(date +%s) - 10 )) results/gpt_126m_deepspeed/score.json --configfile device.yaml --config system=$SYS2)
-  keep ds "results/gpt_126m_deepspeed" logs/train logs/score
-  say "run.json: $(head -c 600 /tmp/lanes/ds/results/gpt_126m_deepspeed/seed_1/run.json 2>&1)"
-  say "seed log tail: $(tail -25 /tmp/lanes/ds/results/gpt_126m_deepspeed/seed_1/attempt_1/run.log 2>&1 | cut -c1-300)"
-  say "snakemake tail: $(tail -8 "$REC/ds.snakemake.txt" 2>&1 | cut -c1-300)"
+  say "deepspeed: $(python3 -c 'import deepspeed; print(deepspeed.__version__)' 2>&1 | tail -1); numpy, pybind11: $(python3 -c 'import numpy, pybind11; print(numpy.__version__, pybind11.__version__)' 2>&1 | tail -1); $(g++ --version 2>&1 | head -1)"
+  dsyaml() {  # lane, benchmark, layout
+    printf 'benchmarks: [%s]\ncorpora: [mini_corpus]\npretrain: {layout: %s, train_iters: %s, gbs: 16, mbs: 8, save_interval: 100, megatron: %s, walltime_minutes: 9}\n' \
+      "$2" "$3" "$ITERS" "$DS/megatron-deepspeed.tar.gz" > "/tmp/lanes/$1/device.yaml"
+  }
+  lane dsc
+  sed -e 's/^name: gpt_126m_deepspeed/name: gpt_126m_deepspeed_chain/' /tmp/lanes/dsc/config/benchmarks/gpt_126m_deepspeed.yaml \
+    > /tmp/lanes/dsc/config/benchmarks/gpt_126m_deepspeed_chain.yaml
+  echo "segments: {job_seconds: ${DS_JOB_S:-100}, margin_seconds: 30, max_stalls: 2}" >> /tmp/lanes/dsc/config/benchmarks/gpt_126m_deepspeed_chain.yaml
+  dsyaml dsc gpt_126m_deepspeed_chain gpt-125m
+  smk dsc 150 resources/corpora/mini_corpus/data_prefix.json --configfile device.yaml --config system=$SYS2
+  say "corpus: $(ls /tmp/lanes/dsc/resources/corpora/mini_corpus/preprocessed 2>&1 | tr '\n' ' ')"
+  for l in mg ds2; do rm -rf "/tmp/lanes/$l"; cp -r /tmp/lanes/dsc "/tmp/lanes/$l"; done  # the corpus made once
+  dsyaml ds2 gpt_126m_deepspeed gpt-125m-2xdp
+  printf 'benchmarks: [gpt_126m]\ncorpora: [mini_corpus]\npretrain: {layout: gpt-125m, train_iters: %s, gbs: 16, mbs: 8, attention: sdpa, megatron: %s, walltime_minutes: 9}\n' \
+    "$ITERS" "$C/megatron.tar.gz" > /tmp/lanes/mg/device.yaml
+  (export CUDA_VISIBLE_DEVICES=0; smk dsc 420 results/gpt_126m_deepspeed_chain/score.json --configfile device.yaml --config system=$SYS2; say "DeepSpeed chained (GPU0) done") &
+  A=$!
+  (export CUDA_VISIBLE_DEVICES=1; smk mg 300 results/gpt_126m/score.json --configfile device.yaml --config system=$SYS2; say "Megatron-LM (GPU1) done") &
+  B=$!
+  if [ "$NGPU" -lt 4 ]; then wait $A $B; PAIR=0,1; else PAIR=2,3; fi  # x2: the 2xdp lane after the other two
+  (export CUDA_VISIBLE_DEVICES=$PAIR; smk ds2 300 results/gpt_126m_deepspeed/score.json --configfile device.yaml --config system=$SYS2; say "DeepSpeed 2xdp (GPUs $PAIR) done"
+   keep ds2 $seed_files "results/gpt_126m*/seed_1/ds_config.json" "results/gpt_126m*/seed_1/tensorboard" results/tensorboard
+   # Issue 35: the trial mode's steady-state measurement (no evaluation, a log line every iteration) on a GPU.
+   mkdir -p /tmp/lanes/ds2/results/baseline/$SYS2 /tmp/lanes/ds2/results/preflight/$SYS2
+   S=/tmp/lanes/ds2/docs/measurements/planner/h200x2_sweep
+   cp $S/baseline.json /tmp/lanes/ds2/results/baseline/$SYS2/baseline.json
+   python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['gemm']=json.load(open(sys.argv[2])); json.dump(p, open(sys.argv[3],'w'))" $S/preflight.json $S/gemm_sweep.json /tmp/lanes/ds2/results/preflight/$SYS2/preflight.json
+   cd /tmp/lanes/ds2 && python3 -c "from pathlib import Path; from mlrepro.plan import calibration; r=calibration.calibrate_system(Path('.'), '$SYS2'); print('calibrated on', len(r['rows']), 'rows')" >> "$SUMMARY" 2>&1
+   left=$(( DEADLINE - $(date +%s) - 15 )) && [ "$left" -gt 60 ] && \
+     timeout "$left" python3 -m mlrepro plan --benchmark gpt_126m --gbs 16 --system $SYS2 --trial 3 --trial-iterations 30 \
+       --configfile /tmp/lanes/mg/device.yaml > "$REC/trial.txt" 2>&1
+   say "trial: $(tail -20 "$REC/trial.txt" 2>&1)"; keep ds2 "results/gpt_126m/trials" "results/plan") &
+  D=$!
+  wait $A $B $D
+  keep dsc $seed_files "results/gpt_126m*/seed_1/ds_config.json" "results/gpt_126m*/seed_1/tensorboard" results/tensorboard
+  keep mg $seed_files "results/gpt_126m*/seed_1/tensorboard" results/tensorboard
+  for l in dsc mg ds2; do
+    say "$l: $(cd /tmp/lanes/$l && python3 -c "
+import glob, json
+for f in sorted(glob.glob('results/gpt_126m*/seed_1/run.json')):
+    d = json.load(open(f)); t = d.get('throughput') or {}
+    print(f, d.get('status'), 'target', d.get('target_reached'), 'evals', d.get('evals', [])[-3:], 'tok/s/gpu', t.get('tokens_per_s_per_gpu'), 'mfu', t.get('mfu'), 'mem', t.get('peak_mem_gib'))
+" 2>&1 | tail -3)"
+  done
+  say "checkpoints: $(ls /tmp/lanes/dsc/results/gpt_126m_deepspeed_chain/seed_1/checkpoints 2>&1 | tr "\n" " ")"
+  say "segments: $(cd /tmp/lanes/dsc && python3 -c "import json; [print(s['index'], s['from_step'], s['to_step'], s.get('class'), s.get('gpu_s'), s.get('val_loss')) for s in json.load(open('results/gpt_126m_deepspeed_chain/seed_1/segments.json'))['segments']]" 2>&1 | tr '\n' ';')"
+  for l in dsc mg ds2; do say "$l snakemake tail: $(grep -v '^Reason' "$REC/$l.snakemake.txt" 2>/dev/null | tail -4 | cut -c1-300)"; done
+fi
+
+if [ "$PART" = trial ]; then
+  # Issue 35: `mlrepro plan --trial 3` on GPUs 0,1 with the seeds' settings (--configfile: attention sdpa), the
+  # planner calibrated on the recorded sweep; each candidate's steady iterations (no evaluation, every one logged).
+  gpt126m tr gpt-125m "$SYS2" 100 ""
+  smk tr 150 resources/corpora/mini_corpus/data_prefix.json --configfile device.yaml --config system=$SYS2
+  mkdir -p /tmp/lanes/tr/results/baseline/$SYS2 /tmp/lanes/tr/results/preflight/$SYS2
+  S=/tmp/lanes/tr/docs/measurements/planner/h200x2_sweep
+  cp $S/baseline.json /tmp/lanes/tr/results/baseline/$SYS2/baseline.json
+  python3 -c "import json,sys; p=json.load(open(sys.argv[1])); p['gemm']=json.load(open(sys.argv[2])); json.dump(p, open(sys.argv[3],'w'))" $S/preflight.json $S/gemm_sweep.json /tmp/lanes/tr/results/preflight/$SYS2/preflight.json
+  cd /tmp/lanes/tr && python3 -c "from pathlib import Path; from mlrepro.plan import calibration; r=calibration.calibrate_system(Path('.'), '$SYS2'); print('calibrated on', len(r['rows']), 'rows')" >> "$SUMMARY" 2>&1
+  left=$(( DEADLINE - $(date +%s) - 15 ))
+  (export CUDA_VISIBLE_DEVICES=0,1; timeout "$left" python3 -m mlrepro plan --benchmark gpt_126m --gbs 16 --system $SYS2 --trial 3 \
+     --trial-iterations 30 --configfile device.yaml > "$REC/trial.txt" 2>&1)
+  say "trial (rc $?): $(tail -12 "$REC/trial.txt")"
+  keep tr "results/gpt_126m/trials" "results/plan"
 fi
 
 if [ "$PART" = planner ] && [ "$NGPU" -ge 4 ]; then

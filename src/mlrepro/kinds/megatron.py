@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import shlex
 import shutil
-import tarfile
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
@@ -30,7 +29,7 @@ from mlrepro.pretrain import megatron_launch, megatron_plan, megatron_source
 from mlrepro.scoring import goodput as measured_goodput
 from mlrepro.scoring import megatron_log, megatron_score
 from mlrepro.scoring import rules as scoring_rules
-from mlrepro.util.fsutil import atomic_dir, atomic_write_text
+from mlrepro.util.fsutil import atomic_dir, atomic_write_text, unpack_tar
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +135,16 @@ def _megatron_dir(root: Path, benchmark: str) -> Path:
     return Path(root) / "resources" / benchmark / "megatron"
 
 
+def install_given(given: Path, dest: Path) -> None:
+    """config.yaml's `pretrain: megatron:` (a .tar.gz or a folder, for a machine without network) put in
+    `dest` whole or not at all."""
+    with atomic_dir(dest, keep_on_error=False) as tmp:
+        if given.is_file():
+            unpack_tar(given, tmp)
+        else:
+            shutil.copytree(given, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+
+
 def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
     """Megatron-LM at the benchmark's pinned commit in resources/<benchmark>/megatron/ (once): from
     the `pretrain: megatron:` folder or .tar.gz where given (no network), else fetched."""
@@ -143,12 +152,8 @@ def ensure_megatron(settings: mlrepro_config.Settings, benchmark: str) -> Path:
     if (dest / "pretrain_gpt.py").is_file():
         return dest
     given = settings.pretrain_overrides.get("megatron")
-    if given and Path(given).is_file():
-        with atomic_dir(dest, keep_on_error=False) as tmp, tarfile.open(given) as tar:
-            tar.extractall(tmp, filter="data")
-    elif given:
-        with atomic_dir(dest, keep_on_error=False) as tmp:
-            shutil.copytree(given, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    if given:
+        install_given(Path(given), dest)
     else:
         pin = settings.benchmark(benchmark).pretrain.get("megatron")
         if pin is None:

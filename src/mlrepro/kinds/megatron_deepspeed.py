@@ -16,8 +16,6 @@ import dataclasses
 import json
 import logging
 import shlex
-import shutil
-import tarfile
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
@@ -30,7 +28,7 @@ from mlrepro.pretrain import megatron_deepspeed as mds
 from mlrepro.pretrain import megatron_plan
 from mlrepro.scoring import megatron_deepspeed_log, tfevents
 from mlrepro.scoring import rules as scoring_rules
-from mlrepro.util.fsutil import atomic_dir, atomic_write_text
+from mlrepro.util.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +137,8 @@ def ensure_source(settings: mlrepro_config.Settings, benchmark: str) -> Path:
     if (dest / "pretrain_gpt.py").is_file():
         return dest
     given = settings.pretrain_overrides.get("megatron")
-    if given and Path(given).is_file():
-        with atomic_dir(dest, keep_on_error=False) as tmp, tarfile.open(given) as tar:
-            tar.extractall(tmp, filter="data")
-    elif given:
-        with atomic_dir(dest, keep_on_error=False) as tmp:
-            shutil.copytree(given, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    if given:
+        megatron_kind.install_given(Path(given), dest)
     else:
         pin = settings.benchmark(benchmark).pretrain.get("megatron")
         if pin is None:

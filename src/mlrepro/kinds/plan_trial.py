@@ -228,6 +228,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trial-iterations", type=int, default=ITERATIONS,
                         help="iterations per candidate (default %(default)s)")
     parser.add_argument("--megatron", help="with --trial: a Megatron-LM folder or .tar.gz (default: the benchmark's pin)")
+    parser.add_argument("--configfile", help="with --trial: the workflow's config file whose `pretrain:` block the seeds "
+                                             "run with (attention, image, ...), so the candidates run as they would")
+
+
+def trial_settings(args: argparse.Namespace) -> mlrepro_config.Settings:
+    """The settings the candidates run under: --configfile's `pretrain:` block (less the layout and trial keys,
+    which the trial decides) and --megatron, checked as the workflow checks them."""
+    pretrain = {}
+    if args.configfile:
+        data = mlrepro_config.load_yaml(Path(args.configfile))
+        block = data.get("pretrain") if isinstance(data, dict) else None
+        pretrain = {k: v for k, v in (block or {}).items() if k not in ("layout", "trial")}
+    if args.megatron:
+        pretrain["megatron"] = args.megatron
+    return mlrepro_config.load({"benchmarks": [args.benchmark], "system": args.system, "pretrain": pretrain},
+                               Path(args.root).resolve())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -238,9 +254,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.benchmark:
             raise search.PlanError("--trial runs the candidates as seeds of a benchmark: give --benchmark "
                                    "(a GPT pretraining benchmark, e.g. gpt_126m)")
-        root = Path(args.root).resolve()
-        settings = mlrepro_config.load({"benchmarks": [args.benchmark], "system": args.system,
-                                        "pretrain": {"megatron": args.megatron} if args.megatron else {}}, root)
+        settings = trial_settings(args)
         if not settings.benchmark(args.benchmark).is_pretrain:
             raise search.PlanError(f"--trial: {args.benchmark} is not a GPT pretraining benchmark (no pretrain: block)")
         plan = plan_cli.make_plan(args)

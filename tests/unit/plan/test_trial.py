@@ -5,6 +5,8 @@ their cost counted in the benchmark's; here on CPU ranks with the Megatron-LM st
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import os
 import re
@@ -123,6 +125,24 @@ def test_a_trial_candidate_runs_without_evaluation_and_logs_every_iteration(tmp_
     assert int(flag("--eval-interval")) > 20
     with pytest.raises(ValueError, match="leaves none after its warm-up"):
         plan_trial.run_trials(settings, "gpt_126m", plan, 1, iterations=2)
+
+
+def test_a_trial_runs_its_candidates_with_the_workflows_pretrain_settings(tmp_path):
+    """`--configfile` (the workflow's config) gives the candidates the seeds' settings: with `attention: sdpa`
+    their line has the SDPA layer spec (a GPU trial without it measured Megatron's unfused attention, 0.148 s
+    against the seeds' 0.076 s); the layout stays the trial's to choose."""
+    ws = _workspace(tmp_path / "ws")
+    (ws / "device.yaml").write_text(f"pretrain: {{attention: sdpa, layout: gpt-125m, megatron: {ws / 'standin'}}}\n")
+    args = argparse.Namespace(benchmark="gpt_126m", system="cpu-h100x2", root=str(ws), megatron=None,
+                              configfile=str(ws / "device.yaml"))
+    settings = plan_trial.trial_settings(args)
+    assert settings.pretrain_overrides == {"attention": "sdpa", "megatron": str(ws / "standin")}
+    trial = plan_trial.candidates(plan_trial.benchmark_plan(settings, "gpt_126m", top=10), 1)[0]
+    argv = shlex.split(plan_trial.trial_plan(settings, "gpt_126m", trial, 20).seed_dir.joinpath("launch.sh").read_text())
+    assert argv[argv.index("--spec") + 1:argv.index("--spec") + 3] == ["sdpa_spec", "sdpa_layer_spec"]
+    (ws / "bad.yaml").write_text("pretrain: {attention: flash9}\n")
+    with pytest.raises(mlrepro_config.ConfigError, match="attention"):
+        plan_trial.trial_settings(argparse.Namespace(**{**vars(args), "configfile": str(ws / "bad.yaml")}))
 
 
 def test_trial_needs_a_pretraining_benchmark(capsys):
