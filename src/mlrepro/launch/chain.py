@@ -278,13 +278,23 @@ def _trained_steps(text: str) -> list[tuple[int, float]]:
     return found
 
 
-# A trainer's word that it wrote a checkpoint, and how long the write took (mini_gpt's line).
+# A trainer's word that it wrote a checkpoint, and how long the write took: mini_gpt's line; Megatron-LM's and
+# Megatron-DeepSpeed's "successfully saved checkpoint from/at iteration N", timed by the save-checkpoint timer
+# they print after it ((min, max) over the ranks, in ms).
 CHECKPOINT_LINE = re.compile(r"checkpoint: step (\d+) written in ([\d.]+) s")
+MEGATRON_SAVED = re.compile(r"successfully saved checkpoint (?:from|at) iteration\s+(\d+)")
+MEGATRON_SAVE_TIMER = re.compile(r"save-checkpoint\s*\.*:\s*\(([\d.]+),\s*([\d.]+)\)")
 
 
 def checkpoint_writes(text: str) -> list[tuple[int, float]]:
-    """(step, seconds) of each checkpoint the attempt's log says it wrote."""
-    return [(int(m.group(1)), float(m.group(2))) for m in CHECKPOINT_LINE.finditer(text)]
+    """(step, seconds) of each checkpoint the attempt's log says it wrote (a Megatron save with no timer after
+    it, before the next save: 0 s, the write still counted)."""
+    writes = [(int(m.group(1)), float(m.group(2))) for m in CHECKPOINT_LINE.finditer(text)]
+    saves = list(MEGATRON_SAVED.finditer(text))
+    for m, after in zip(saves, [*(x.start() for x in saves[1:]), len(text)]):
+        timer = MEGATRON_SAVE_TIMER.search(text, m.end(), after)
+        writes.append((int(m.group(1)), float(timer.group(2)) / 1000 if timer else 0.0))
+    return writes
 
 
 def steady_step_seconds(trained: list[tuple[int, float]], written_at: list[int]) -> float | None:

@@ -199,17 +199,18 @@ def ds_where(v: Variant) -> str:
 
 
 def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
-                max_time_margin_min: int = 30, *, deterministic: bool = False, tensorboard_dir: str = "") -> str:
+                max_time_margin_min: int = 30, *, deterministic: bool = False, tensorboard_dir: str = "",
+                save: str = "", save_interval: int = 0) -> str:
     """The exact command that starts seed `seed` of the run, on the corpus in corpus_dir (UNPREPARED
-    standing for what the corpus stages have not written yet)."""
+    standing for what the corpus stages have not written yet); `save`, `save_interval`: a chained seed's."""
     v, per_node = p.variant, p.facts.gpus_per_node
     if v.launcher == "megatron-deepspeed":  # the line kinds.megatron_deepspeed runs, its files named relative
-        run = seed_run(p, seed, corpus_dir, scheduler, prepared=False)
+        run = seed_run(p, seed, corpus_dir, scheduler, prepared=False, save=save, save_interval=save_interval)
         args = megatron_deepspeed.seed_args(run, ds_config(p), zero_stage=v.zero_stage, where=ds_where(v))
         return megatron_deepspeed.launch_line(args, scheduler, p.layout.gpus, per_node, MEGATRON_IMAGE)
     if v.launcher == "megatron":
         run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, deterministic=deterministic,
-                       tensorboard_dir=tensorboard_dir)
+                       tensorboard_dir=tensorboard_dir, save=save, save_interval=save_interval)
         if scheduler == "slurm":
             return megatron_launch.srun_line(run, MEGATRON_IMAGE, "${DATADIR}:/data:ro,${LOGDIR}:/results:rw",
                                              gpus_per_node=per_node)
@@ -335,9 +336,10 @@ def failures_line(p: Planned, f: Failures) -> str:
 
 def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention: str | None = None,
              expected_failures: Failures | None = None, *, deterministic: bool = False,
-             tensorboard_dir: str = "") -> list[str]:
+             tensorboard_dir: str = "", save: str = "") -> list[str]:
     """The plan's lines: shape, layout, memory, wall time, the expected failures (where given), then the
-    exact launch line(s) of seed `seed` (writing its event files into `tensorboard_dir`, its seed folder's)."""
+    exact launch line(s) of seed `seed` (writing its event files into `tensorboard_dir`, its seed folder's;
+    a chained seed saving to and loading from `save` at the expected failures' interval)."""
     v, lay, facts = p.variant, p.layout, p.facts
     nodes, per_node = max(1, lay.gpus // facts.gpus_per_node), min(lay.gpus, facts.gpus_per_node)
     # Megatron-LM's line carries the seed number (--seed): say whose line it is. The other launchers'
@@ -355,8 +357,9 @@ def describe(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attention:
     elif v.launcher == "megatron" and scheduler == "slurm":
         out.append(f"  sbatch -N {nodes} --ntasks-per-node={per_node} --gpus-per-node={per_node} "
                    f"-t {math.ceil(p.hours * 60) + 10} implementations/megatron_gpt/run.sub")
+    interval = expected_failures.interval_iterations if save and expected_failures is not None else 0
     out.append("  " + launch_line(p, scheduler, corpus_dir, seed, attention, deterministic=deterministic,
-                                  tensorboard_dir=tensorboard_dir))
+                                  tensorboard_dir=tensorboard_dir, save=save if interval else "", save_interval=interval))
     return out
 
 
@@ -483,11 +486,13 @@ def dry_run(root: Path, bench: mlrepro_config.Benchmark, system: str, overrides:
     p = planned or shaped(chosen(root, bench, system, overrides), overrides)
     sysconf = mlrepro_config.load_system(root, system)
     seed = bench.seeds[0] if seed is None else seed
+    files = paths.SeedPaths.of(root, bench.name, seed)
+    chained = chain.limits(bench.segments, sysconf.max_job_minutes) is not None
     lines = describe(p, sysconf.scheduler, corpus_dir or benchmark_corpus_dir(root, bench),
                      seed, overrides.get("attention"),
                      expected_failures=failures(p, bench, sysconf, overrides, measured),
                      deterministic=bool(overrides.get("deterministic")),
-                     tensorboard_dir=str(paths.SeedPaths.of(root, bench.name, seed).tensorboard))
+                     tensorboard_dir=str(files.tensorboard), save=str(files.checkpoints) if chained else "")
     if (trial := trial_of(bench)) and not overrides.get("layout") and not trial_choice(root, bench, system, overrides):
         lines.insert(0, f"layout chosen by the trial before the seeds (pretrain: trial: the planner's "
                         f"{trial['candidates']} best layouts at GBS {trial_gbs(bench, overrides)}, "

@@ -125,21 +125,22 @@ def parse_log(path: str | Path, tfevents: list[Path] | None = None) -> DeepSpeed
 
 def with_tfevents(parsed: DeepSpeedLog, scalars: list[Scalar]) -> DeepSpeedLog:
     """Validations the log lacks added from the events; every validation's time the events' wall clock,
-    counted from the first training event less the logged time of the iterations before it."""
+    anchored on the first logged iteration that has a training event (the fork writes one every iteration,
+    the log a line every --log-interval) at its logged time."""
     log = parsed.log
-    train = sorted((s for s in scalars if s.tag == TRAIN_TAG), key=lambda s: s.step)
+    train = {s.step: s for s in scalars if s.tag == TRAIN_TAG}
     valid = {s.step: s for s in scalars if s.tag == VALID_TAG}
     have = {v.iteration for v in log.validations}
     log.validations += [Validation(step, s.value, None) for step, s in sorted(valid.items()) if step not in have]
     log.validations.sort(key=lambda v: v.iteration)
-    anchor = next((i for i in log.iterations if train and i.iteration == train[0].step and i.time), None)
+    anchor = next((i for i in log.iterations if i.iteration in train and i.time), None)
     if anchor is None:
         for v in log.validations:
             v.time = v.time or _time_at(log, v.iteration)
         return parsed
     for v in log.validations:
         if v.iteration in valid:
-            v.time = anchor.time + timedelta(seconds=valid[v.iteration].wall_time - train[0].wall_time)
+            v.time = anchor.time + timedelta(seconds=valid[v.iteration].wall_time - train[anchor.iteration].wall_time)
     return dataclasses.replace(parsed, time_source="tfevents wall clock")
 
 

@@ -147,6 +147,12 @@ def test_the_patches_apply_to_the_pinned_source_and_remove_apex(tmp_path):
     # DeepSpeed 0.19 has no deepspeed.compression.compress (a 2xH200 run died importing it): only where asked for
     assert "deepspeed.compression.compress" not in text[tmp_path / "megatron/training.py"].split("\ndef ")[0]
     assert "if build:" in text[tmp_path / "megatron/initialize.py"]
+    # found on the first GPU and CPU runs: strided QKV slices reshaped, LOCAL_RANK from the launcher, and no
+    # compiled dataset helper (its build_sample_idx died on the GPU image)
+    assert "query_layer.reshape(output_size[2]" in text[tmp_path / "megatron/model/transformer.py"]
+    assert 'os.environ.get("LOCAL_RANK"' in text[tmp_path / "megatron/initialize.py"]
+    assert "compile_helper()" not in text[tmp_path / "megatron/initialize.py"]
+    assert "helpers." not in text[tmp_path / "megatron/data/gpt_dataset.py"] + text[tmp_path / "megatron/data/blendable_dataset.py"]
 
 
 def test_a_patch_that_does_not_apply_changes_nothing(tmp_path):
@@ -167,52 +173,64 @@ def test_the_patches_apply_to_the_whole_pinned_tree(tmp_path):
     archive = subprocess.run(["git", "-C", str(MIRROR), "archive", "4efb479d5317ce9b86096b9d8e3e8030b0b5263b"],
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
-    assert len(mds.apply_patches(ROOT, tmp_path)) == len(mds.series(ROOT)) == 7
+    assert len(mds.apply_patches(ROOT, tmp_path)) == len(mds.series(ROOT)) == 10
 
 
-def test_the_log_and_tfevents_parse_as_the_pinned_source_writes_them():
+def test_the_log_and_tfevents_parse_as_the_fork_writes_them():
+    """On a cut of a real run (2xdp on two H200s, 400 iterations, tests/fixtures/megatron_deepspeed/cut_fixture.py):
+    every logged interval and validation, the training clock within the log's own start and end stamps, and the
+    events' wall clock anchored on a logged iteration (the fork writes a training event every iteration)."""
     parsed = dslog.parse_log(FIX / "training.log")
     log = parsed.log
-    assert [i.iteration for i in log.iterations] == [10, 20, 30, 40, 50, 60]
-    assert [v.iteration for v in log.validations] == [20, 40, 60]  # 60: the "N-sample draw" line after training
-    assert parsed.consumed_tokens[60] == 60 * 256 * 2048 and parsed.logged_tflops_per_gpu[30] == 180.55
+    assert [i.iteration for i in log.iterations] == list(range(10, 401, 10))
+    assert [(v.iteration, v.loss) for v in log.validations] == [(100, 3.436509), (200, 3.44802), (300, 3.441393),
+                                                                (400, 3.437348)]
+    assert parsed.consumed_tokens[400] == 400 * 16 * 2048 and parsed.logged_tflops_per_gpu[30] == 57.34
     assert parsed.time_source == "training clock"
-    # 10 x 1.4 s, then 10 x 1.0 s per interval: the clock of logged iteration times
-    assert (log.iterations[-1].time - log.start).total_seconds() == pytest.approx(14 + 50)
+    # "[after training is done] datetime: 20:50:40", 89 s after the start: the logged iteration times fit inside
+    clock = (log.iterations[-1].time - log.start).total_seconds()
+    assert 80 < clock <= 89
     scalars = dslog.read_scalars(FIX / "tfevents" / "events.out.tfevents.fixture")
     assert {s.tag for s in scalars} == {dslog.TRAIN_TAG, dslog.VALID_TAG, dslog.ITER_TIME_TAG}
-    assert [s.step for s in scalars if s.tag == dslog.VALID_TAG] == [20, 40, 60]
+    assert sorted(s.step for s in scalars if s.tag == dslog.TRAIN_TAG) == list(range(1, 401))
+    assert [s.step for s in scalars if s.tag == dslog.VALID_TAG] == [100, 200, 300, 400]
     with_events = dslog.parse_log(FIX / "training.log", [FIX / "tfevents" / "events.out.tfevents.fixture"])
     assert with_events.time_source == "tfevents wall clock"
-    # wall clock: the 3 s evaluations count; anchored on the first training event (iteration 10, 14 s in)
-    assert (with_events.log.validations[-1].time - log.start).total_seconds() == pytest.approx(14 + 50 + 9)
+    # wall clock: the evaluations' time counts, so the last validation ends after the last logged iteration and
+    # before the log's end stamp (whole seconds: 89 s, so under 90)
+    last = (with_events.log.validations[-1].time - log.start).total_seconds()
+    assert clock < last < 90
 
 
 def test_a_cut_tfevents_file_yields_what_it_holds(tmp_path):
+    """The run's file ends with iteration 400's validation twice (at its interval, then on the final draw; the
+    later one counts): cut inside the second-last record, both are gone and nothing else changes."""
     data = (FIX / "tfevents" / "events.out.tfevents.fixture").read_bytes()
-    (tmp_path / "cut").write_bytes(data[: len(data) - 20])
+    (tmp_path / "cut").write_bytes(data[: len(data) - 150])
     whole, cut = dslog.read_scalars(FIX / "tfevents" / "events.out.tfevents.fixture"), dslog.read_scalars(tmp_path / "cut")
-    assert 0 < len(cut) < len(whole) and cut == whole[: len(cut)]
+    assert [s.value for s in whole if s.tag == dslog.VALID_TAG][-1] == pytest.approx(3.435838)  # the draw's
+    assert 0 < len(cut) == len(whole) - 1 and set(cut) < set(whole)
+    assert [s.step for s in cut if s.tag == dslog.VALID_TAG] == [100, 200, 300]
 
 
 def test_the_score_counts_flops_as_the_megatron_lm_kind_does():
-    record = dslog.training_record(FIX / "training.log", target_loss=4.0, gpus=1, seq_length=2048,
-                                   gpu="NVIDIA H100 80GB HBM3",
-                                   model_flops_per_iter=kind.model_flops_per_iter("gpt-126m", 256),
+    record = dslog.training_record(FIX / "training.log", target_loss=4.0, gpus=2, seq_length=2048, gpu="NVIDIA H200",
+                                   model_flops_per_iter=kind.model_flops_per_iter("gpt-126m", 16),
                                    tfevents=[FIX / "tfevents" / "events.out.tfevents.fixture"])
-    assert record.converged and record.counted and record.iteration_to_converge == 60
-    assert record.minutes == pytest.approx((14 + 50 + 9) / 60)
+    assert record.converged and record.counted and record.iteration_to_converge == 100  # 3.4365 at the first
     t = record.throughput
-    assert t["tflops_source"] == "model" and t["logged_tflops_per_gpu"] == 180.55
+    # the fork's own TFLOPs (its count) kept beside the model count both kinds use
+    assert t["tflops_source"] == "model" and 50 < t["logged_tflops_per_gpu"] < 60
     # The count megatron_score uses for a Megatron-LM log without Megatron's own (the planner's model FLOPs):
     # the classic 12 B s L h^2 (1 + 1 + s/h + 4) + 6 B s V h plus the biases and norms (under 0.1% here)
-    flops = cost.model_flops_per_step(workloads.gpt("gpt-126m", 256), Layout(mbs=256))
-    assert kind.model_flops_per_iter("gpt-126m", 256) == flops
+    flops = cost.model_flops_per_step(workloads.gpt("gpt-126m", 16), Layout(mbs=16))
+    assert kind.model_flops_per_iter("gpt-126m", 16) == flops
     m = models.model("gpt-126m")
-    b, s, h, L, V = 256, m.seq, m.hidden, m.layers, m.vocab
+    b, s, h, L, V = 16, m.seq, m.hidden, m.layers, m.vocab
     assert flops == pytest.approx(12 * b * s * L * h * h * (2 + s / h + m.ffn_hidden / h) + 6 * b * s * V * h, rel=1e-3)
-    assert t["tflops_per_gpu"] == pytest.approx(flops / 1.0 / 1e12)
-    assert t["tokens_per_s"] == pytest.approx(256 * 2048 / 1.0) and 0 < t["mfu"] < 1
+    assert t["tflops_per_gpu"] == pytest.approx(flops / t["iter_time_s"] / 2 / 1e12)
+    assert t["tokens_per_s"] == pytest.approx(16 * 2048 / t["iter_time_s"]) and 0 < t["mfu"] < 1
+    assert 0.2 < t["iter_time_s"] < 0.23  # the log's steady 212 ms (the first interval, 313 ms, left out)
 
 
 def test_segment_end_reads_the_forks_save_message():

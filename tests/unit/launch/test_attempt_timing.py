@@ -4,6 +4,8 @@ real resumed mini_gpt attempt (tests/workflow/test_goodput_local.py's fifth atte
 
 from __future__ import annotations
 
+import pytest
+
 from mlrepro.launch import chain
 
 RESUMED = """\
@@ -29,3 +31,18 @@ def test_the_attempts_own_steps_are_timed_and_its_writes_counted_apart():
     # its steps from step 80: 10 steps a line
     assert chain.stepping_seconds(trained, 80) == round(10 * (0.4149 + 0.4167 + 0.4435 + 0.4438), 3)
     assert chain.stepping_seconds([], 80) is None and chain.steady_step_seconds([], []) is None
+
+
+def test_megatrons_saves_are_counted_with_their_timer():
+    """The two Megatron stacks' save messages (a chained gpt_126m_deepspeed attempt on an H200,
+    docs/measurements/megatron_deepspeed/h200x2_acceptance/dsc/attempt_2_run.log, and Megatron-LM's wording),
+    each timed by the save-checkpoint timer printed after it, the slowest rank's."""
+    from pathlib import Path
+
+    real = (Path(__file__).parents[3] / "docs/measurements/megatron_deepspeed/h200x2_acceptance/dsc/"
+            "attempt_2_run.log").read_text()
+    assert chain.checkpoint_writes(real) == [(200, pytest.approx(1.44614)), (264, pytest.approx(1.40619))]
+    megatron_lm = ("  successfully saved checkpoint from iteration     100 to /ckpt [ t 1/1, p 1/1 ]\n"
+                   "(min, max) time across ranks (ms):\n    save-checkpoint ................: (210.50, 250.25)\n"
+                   "  successfully saved checkpoint from iteration     200 to /ckpt [ t 1/1, p 1/1 ]\n")
+    assert chain.checkpoint_writes(megatron_lm) == [(100, pytest.approx(0.25025)), (200, 0.0)]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mlrepro import config as mlrepro_config
+from mlrepro import paths
 from mlrepro.corpus import blend, minicorpus
 from mlrepro.formats import indexed
 from mlrepro.plan import hardware
@@ -250,3 +251,18 @@ def test_deterministic_mode_is_in_the_line_the_seed_runs_and_the_dry_run_shows(c
     p = megatron_plan.shaped(megatron_plan.chosen(ROOT, bench, "device-h100", {}), {})
     run = megatron_plan.seed_run(p, 1, corpus, "local", deterministic=True)
     assert megatron_launch.pretrain_args(run)[-1] == "--deterministic-mode"
+
+
+def test_a_chained_seeds_dry_run_shows_its_save_load_and_interval(corpus):
+    """gpt_13b checkpoints (`segments:`): the dry run's launch line is the seed's own, with --save/--load of the
+    seed's checkpoints/ and --save-interval the failures line gives; a benchmark without segments has none."""
+    bench = mlrepro_config.load_benchmark(ROOT, "gpt_13b")
+    plan = megatron_plan.dry_run(ROOT, bench, "dgxh100-64x8", corpus_dir=corpus).describe
+    argv = shlex.split(plan.split(" | ")[-1])
+    checkpoints = str(paths.SeedPaths.of(ROOT, "gpt_13b", 1).checkpoints)
+    assert argv[argv.index("--save") + 1] == argv[argv.index("--load") + 1] == checkpoints
+    every = int(re.search(r"checkpoint every ([\d,]+) iterations", plan).group(1).replace(",", ""))
+    assert int(argv[argv.index("--save-interval") + 1]) == every
+    unchained = megatron_plan.dry_run(ROOT, mlrepro_config.load_benchmark(ROOT, "gpt_126m"), "device-h100",
+                                      corpus_dir=corpus).describe
+    assert "--save" not in shlex.split(unchained.split(" | ")[-1])
