@@ -28,10 +28,12 @@ rule reference:
         "../scripts/stage.py"
 
 
-# Every configured benchmark in one table, each row linking to its report.html.
+# Every configured benchmark in one table, each row linking to its report.html; the scores' seeds
+# put benchmarks of one model and corpus side by side.
 rule final_report:
     input:
         verdicts=expand("results/{benchmark}/verdict.json", benchmark=SETTINGS.benchmarks),
+        scores=expand("results/{benchmark}/score.json", benchmark=SETTINGS.benchmarks),
         reports=expand("results/{benchmark}/report.html", benchmark=SETTINGS.benchmarks),
     output:
         html=report("results/report.html", caption="../report/final.rst", category="Final report"),

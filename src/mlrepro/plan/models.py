@@ -107,8 +107,13 @@ GPT_PAPER_GBS = {"gpt-126m": 256, "gpt-350m": 256, "gpt-760m": 256, "gpt-1.3b": 
                  "gpt-175b": 1536}
 
 
+def canonical(name: str) -> str:
+    """The model's one name, whatever alias a config spells it with (gpt-125m is gpt-126m)."""
+    return ALIASES.get(name.lower(), name.lower())
+
+
 def model(name: str) -> ModelShape:
-    key = ALIASES.get(name.lower(), name.lower())
+    key = canonical(name)
     if key not in MODELS:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     return MODELS[key]

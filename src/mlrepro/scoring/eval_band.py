@@ -47,7 +47,7 @@ class BandCheck:
         return asdict(self)
 
 
-def _at(curve: Curve, x: float) -> float | None:
+def value_at(curve: Curve, x: float) -> float | None:
     """The curve's value at x by linear interpolation, None outside its range."""
     pts = sorted((float(a), float(b)) for a, b in curve if a is not None and b is not None)
     if not pts or not pts[0][0] <= x <= pts[-1][0]:
@@ -61,7 +61,7 @@ def _at(curve: Curve, x: float) -> float | None:
 def band_at(x: float, reference: Sequence[Curve], margin: float = MARGIN,
             min_runs: int = MIN_RUNS) -> tuple[float, float] | None:
     """(lower, upper) of the reference runs at x, widened by `margin`; None where too few reach x."""
-    values = [v for v in (_at(c, x) for c in reference) if v is not None]
+    values = [v for v in (value_at(c, x) for c in reference) if v is not None]
     if len(values) < min_runs:
         return None
     lo, hi = min(values), max(values)

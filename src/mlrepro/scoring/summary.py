@@ -9,14 +9,14 @@ from __future__ import annotations
 import html
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import pandas as pd
 
 from mlrepro.scoring import cost_report, goodput
 
 from mlrepro.util.fsutil import atomic_write_text
-from mlrepro.scoring import page
+from mlrepro.scoring import page, side_by_side
 from mlrepro.scoring.records import VerdictRecord
 from mlrepro.scoring.verdict import METHOD
 
@@ -113,8 +113,9 @@ def _tests(rec: dict) -> str:
     return "no (" + ", ".join(f"{names[k]} p {page.p_value(p)}" for k, p in ps.items()) + ")"
 
 
-def render_final(table: pd.DataFrame) -> str:
-    """The final report page: the verdict table first, then how verdicts are reached."""
+def render_final(table: pd.DataFrame, same_model: Sequence[tuple[str, Sequence[dict]]] = ()) -> str:
+    """The final report page: the verdict table first, then how verdicts are reached, then the benchmarks
+    of one model and corpus side by side (`same_model`: title and mlrepro.scoring.side_by_side rows)."""
     head = "".join(f"<th class='{'num' if c in NUMERIC else ''}'>{html.escape(LABELS.get(c, c.replace('_', ' ')))}</th>"
                    for c in SHOWN)
     body = []
@@ -145,7 +146,8 @@ def render_final(table: pd.DataFrame) -> str:
             "benchmark, the submitter's published result logs at the implementation's pinned commit; for a miniature, "
             "reference runs from a known-good machine if it ships them, otherwise its seeds among themselves. "
             f"Test: {html.escape(METHOD)}; a test differs at p &lt; {page.ALPHA}. Difference = (yours - reference) / "
-            "reference. The same table is in summary.csv and summary.json.</p></body></html>\n")
+            "reference. The same table is in summary.csv and summary.json.</p>"
+            + side_by_side.section(same_model) + "</body></html>\n")
 
 
 def _cost_cell(rec: dict) -> str:
@@ -172,10 +174,12 @@ def _cost_total(table: pd.DataFrame) -> str:
 
 
 def write_final_report(verdict_files: Iterable[str | os.PathLike], out_html: str | os.PathLike,
-                       out_csv: str | os.PathLike, out_json: str | os.PathLike) -> pd.DataFrame:
+                       out_csv: str | os.PathLike, out_json: str | os.PathLike,
+                       same_model: Sequence[tuple[str, Sequence[dict]]] = ()) -> pd.DataFrame:
+    """The final report; `same_model` as render_final's."""
     out_html = Path(out_html)
     table = summary_table(list(verdict_files), out_html.parent)
     atomic_write_text(out_csv, table.to_csv(index=False))
     atomic_write_text(out_json, table.to_json(orient="records", indent=2))
-    atomic_write_text(out_html, render_final(table))
+    atomic_write_text(out_html, render_final(table, same_model))
     return table

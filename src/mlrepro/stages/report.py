@@ -8,9 +8,11 @@ from pathlib import Path
 
 from mlrepro import paths
 from mlrepro.kinds import mlperf
+from mlrepro.plan import models
 from mlrepro.scoring import package
 from mlrepro.scoring import reference as references
 from mlrepro.scoring import rules as scoring_rules
+from mlrepro.scoring import side_by_side
 from mlrepro.scoring.records import ScoreRecord
 from mlrepro.stages.process import rule
 from mlrepro.stages.score import preflight_file
@@ -39,12 +41,32 @@ def reference(settings, benchmark: str, out: Path) -> None:
 
 
 @rule(lambda smk, s: ((s, list(map(Path, smk.input.verdicts)), Path(smk.output[0]), Path(smk.output.csv),
-                       Path(smk.output.json)), {}))
-def final_report(settings, verdict_files: list[Path], out_html: Path, out_csv: Path, out_json: Path) -> None:
+                       Path(smk.output.json)), {"score_files": list(map(Path, smk.input.scores))}))
+def final_report(settings, verdict_files: list[Path], out_html: Path, out_csv: Path, out_json: Path,
+                 score_files: list[Path] = ()) -> None:
+    """The final report; `score_files` (score.json, whose `runs` are the seeds' run records) give the
+    side-by-side of benchmarks that train one model on one corpus."""
     # pandas, loaded by the one rule of this file that needs it.
     from mlrepro.scoring import summary
 
-    summary.write_final_report(verdict_files, out_html, out_csv, out_json)
+    summary.write_final_report(verdict_files, out_html, out_csv, out_json,
+                               same_model=same_model(settings, score_files))
+
+
+def same_model(settings, score_files: list[Path]) -> list[tuple[str, list[dict]]]:
+    """(title, side-by-side rows) per model and corpus that two or more of the benchmarks pretrain on, in
+    the order the benchmarks are listed: the first of each is its reference stack."""
+    seeds: dict[tuple[str, str], list[dict]] = {}
+    for path in score_files:
+        score = ScoreRecord.read(path)
+        bench = settings.benchmark(score.benchmark)
+        if not bench.is_pretrain or not bench.pretrain.get("model") or not bench.corpus:
+            continue
+        run = side_by_side.seed_run(r.to_json() for r in score.runs or [])
+        seeds.setdefault((models.canonical(bench.pretrain["model"]), bench.corpus), []).append(
+            run or {"benchmark": score.benchmark})
+    return [(f"{model} on {corpus}", side_by_side.rows(runs)) for (model, corpus), runs in seeds.items()
+            if len(runs) > 1]
 
 
 @rule(lambda smk, s: ((s, smk.wildcards.benchmark, Path(smk.input.score), list(map(Path, smk.input.mllogs)),
