@@ -177,15 +177,40 @@ def corpus_folder(root: Path, bench: mlrepro_config.Benchmark) -> Path:
 
 
 def finish_seed(bench: mlrepro_config.Benchmark, plan: job.SeedPlan, run_log: Path, out: Path) -> None:
-    """Keep the run's Megatron-LM log as the seed's log, or record why it is not a result."""
+    """Keep the run's Megatron log as the seed's log (a chained seed's: its jobs' logs as one run, see
+    chained_log), or record why it is not a result."""
     parsed = megatron_log.parse_log(run_log) if run_log.exists() else None
     last = parsed.iterations[-1] if parsed and parsed.iterations else None
     if last is None or last.train_iters is None or last.iteration < last.train_iters:
         where = "no training iteration" if last is None else f"iteration {last.iteration} of {last.train_iters}"
         job.record_failure(plan.seed_dir, f"the run's Megatron log ends at {where}", state="INCOMPLETE_LOG")
         raise job.SeedFailed(f"seed {plan.seed}: the run's Megatron log ends at {where}; see {run_log}")
-    atomic_write_text(out, run_log.read_text(errors="replace"))
+    atomic_write_text(out, chained_log(plan.seed_dir, run_log.read_text(errors="replace")))
     job.clear_failure(plan.seed_dir)
+
+
+def chained_log(seed_dir: Path, last: str) -> str:
+    """A chained seed's Megatron log as one run: the first job's log to its last checkpoint save, each later
+    one's training lines (after its start of training) to its last save, then the finishing job's (`last`).
+    The steps a killed job trained past its save were trained again by the next, and every job's restart is
+    in segments.json; so the score sees each step once, one start, and every interval's time (the last job's
+    own log alone held only the steps since its resume). A seed that is not chained: `last` as it is."""
+    files = paths.SeedPaths(seed_dir)
+    earlier = [a.run_log if a.run_log.is_file() else a.newest_log() for a in files.attempts()[:-1]]
+    if not files.segments.is_file() or not earlier:
+        return last
+    parts = []
+    for text in [p.read_text(errors="replace") for p in earlier if p is not None and p.is_file()] + [last]:
+        saves = list(chain.MEGATRON_SAVED.finditer(text))
+        if text is not last:
+            if not saves:
+                continue  # a job that saved nothing: its steps were all trained again
+            end = text.find("\n", saves[-1].end())
+            text = text[: end + 1] if end >= 0 else text
+        if parts and (start := megatron_log.TRAINING_START.search(text)):
+            text = text[text.find("\n", start.end()) + 1:]
+        parts.append(text if text.endswith("\n") else text + "\n")
+    return "".join(parts)
 
 
 def learn(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmark, plan: job.SeedPlan, log_path: Path) -> dict | None:

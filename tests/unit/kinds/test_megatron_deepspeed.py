@@ -243,3 +243,49 @@ def test_segment_end_reads_the_forks_save_message():
     seg = module.Segment()
     seg.feed("  successfully saved checkpoint at iteration      40 to /seed/checkpoints")
     assert seg.saved == 40
+
+
+def test_a_chained_seeds_log_is_its_jobs_logs_as_one_run(tmp_path):
+    """The chained gpt_126m_deepspeed seed on an H200 (four jobs, each ended by the fork's 1-minute clock;
+    docs/measurements/megatron_deepspeed/h200x2_acceptance/dsc/): the seed's log holds every step once under
+    one start, so its throughput is the steady 0.41 s of all jobs (the last job's own log held 3 iterations,
+    one interval, read as 0.59 s), and it passes the log rules that refuse two runs in one log."""
+    from mlrepro.kinds import megatron as megatron_kind
+    from mlrepro.scoring import integrity
+
+    run = ROOT / "docs/measurements/megatron_deepspeed/h200x2_acceptance/dsc"
+    for k in range(1, 5):
+        (tmp_path / f"attempt_{k}").mkdir()
+        (tmp_path / f"attempt_{k}" / "run.log").write_text((run / f"attempt_{k}_run.log").read_text())
+    (tmp_path / "segments.json").write_text((run / "segments.json").read_text())
+    last = (run / "attempt_4_run.log").read_text()
+    (tmp_path / "seed.log").write_text(megatron_kind.chained_log(tmp_path, last))
+    parsed = dslog.parse_log(tmp_path / "seed.log")
+    assert [i.iteration for i in parsed.log.iterations] == list(range(10, 401, 10))
+    assert len(parsed.log.starts) == 1 and integrity.training_log_problems(parsed.log) == []
+    record = dslog.training_record(tmp_path / "seed.log", target_loss=4.0, gpus=1, seq_length=2048,
+                                   model_flops_per_iter=kind.model_flops_per_iter("gpt-126m", 16))
+    assert record.throughput["iter_time_s"] == pytest.approx(0.409, abs=0.005)
+    assert record.iteration_to_converge == 100 and record.converged
+    # without segments.json the seed is not chained: its log is the run's own
+    (tmp_path / "segments.json").unlink()
+    assert megatron_kind.chained_log(tmp_path, last) == last
+
+
+def test_steps_a_killed_job_trained_past_its_save_count_once(tmp_path):
+    """A job killed at iteration 30 after saving at 20: the next resumed from 20 and logged 30 again; the
+    seed's log keeps the first job's lines to its save and the second's from its start of training."""
+    from mlrepro.kinds import megatron as megatron_kind
+
+    lines = (FIX / "training.log").read_text().splitlines()
+    start, its = lines[0], {int(x.split("/")[0].split()[-1]): x for x in lines if x.lstrip().startswith("iteration")}
+    saved = "  successfully saved checkpoint at iteration      20 to /seed/checkpoints"
+    first = "\n".join(["header", start, its[10], its[20], saved, its[30], "Killed"]) + "\n"
+    second = "\n".join(["header again", start, its[30], its[40]]) + "\n"
+    (tmp_path / "attempt_1").mkdir()
+    (tmp_path / "attempt_1" / "run.log").write_text(first)
+    (tmp_path / "attempt_2").mkdir()
+    (tmp_path / "segments.json").write_text('{"segments": []}')
+    text = megatron_kind.chained_log(tmp_path, second)
+    assert text.count(its[30]) == 1 and text.count(start) == 1 and "Killed" not in text and "header again" not in text
+    assert [i.iteration for i in dslog.parse_lines(text.splitlines()).log.iterations] == [10, 20, 30, 40]
