@@ -26,7 +26,7 @@ from mlrepro.plan import cost, models, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_deepspeed as mds
 from mlrepro.pretrain import megatron_plan
-from mlrepro.scoring import megatron_deepspeed_log, tfevents
+from mlrepro.scoring import megatron_deepspeed_log, megatron_log, megatron_score, tfevents
 from mlrepro.scoring import rules as scoring_rules
 from mlrepro.util.fsutil import atomic_write_text
 
@@ -157,10 +157,12 @@ def finish_seed(bench: mlrepro_config.Benchmark, plan: job.SeedPlan, run_log: Pa
     megatron_kind.finish_seed(bench, plan, run_log, out)
 
 
-def model_flops_per_iter(model: str, gbs: int) -> float:
-    """One global batch's FLOPs as the Megatron-LM kind counts them (the planner's count, equal to
-    Megatron-LM's num_floating_point_operations for these GPTs): MFU comparable across the two kinds."""
-    return cost.model_flops_per_step(workloads.gpt(model, gbs), Layout(mbs=gbs, ga=1))
+def model_flops_per_iter(log_path: Path, model: str, gbs: int, tp: int) -> float:
+    """One global batch's FLOPs as Megatron-LM counts them (megatron_score.flops_per_iteration, on the
+    arguments the fork's log prints: its vocabulary, padded), so TFLOP/s and MFU compare with a Megatron-LM
+    seed's logged ones; the planner's count of the model where the log lacks them."""
+    counted = megatron_score.flops_per_iteration(megatron_log.parse_log(log_path), gbs, tp)
+    return counted if counted is not None else cost.model_flops_per_step(workloads.gpt(model, gbs), Layout(mbs=gbs, ga=1))
 
 
 def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmark, seed: int, log_path: Path,
@@ -175,4 +177,4 @@ def score_seed(settings: mlrepro_config.Settings, bench: mlrepro_config.Benchmar
         log_path, tfevents=tfevents.event_files(paths.SeedPaths(Path(seed_dir)).tensorboard),
         target_loss=rules.target_value, seed=seed, benchmark=rules.benchmark, gpus=gpus,
         gpu=settings.system.hardware.get("gpu"), seq_length=models.model(p.variant.model).seq,
-        model_flops_per_iter=model_flops_per_iter(p.variant.model, p.layout.gbs)).to_json()
+        model_flops_per_iter=model_flops_per_iter(log_path, p.variant.model, p.layout.gbs, p.layout.tp)).to_json()

@@ -33,6 +33,33 @@ def _arg(log: TrainingLog, key: str) -> float | None:
         return None
 
 
+def padded_vocab(log: TrainingLog, tp: int = 1) -> int | None:
+    """The vocabulary Megatron trained: --vocab-size padded to make_vocab_size_divisible_by x TP."""
+    vocab, step = _arg(log, "vocab_size"), _arg(log, "make_vocab_size_divisible_by") or 128
+    if vocab is None:
+        return None
+    return int(-(-vocab // (step * tp)) * step * tp)
+
+
+def flops_per_iteration(log: TrainingLog, global_batch_size: float, tp: int = 1) -> float | None:
+    """One global batch's FLOPs as Megatron-LM counts them for a dense GPT (training.py's
+    num_floating_point_operations: forward and backward, the causal half of the attention scores, the
+    padded vocabulary's logits), from the arguments the log prints; None where one is missing. Megatron-LM
+    logs its TFLOP/s with it; Megatron-DeepSpeed's TFLOPs count otherwise, so its runs are counted here."""
+    L, h, ffn, s, heads = (_arg(log, k) for k in ("num_layers", "hidden_size", "ffn_hidden_size", "seq_length",
+                                                  "num_attention_heads"))
+    vocab = padded_vocab(log, tp)
+    if None in (L, h, ffn, s, heads, vocab):
+        return None
+    kv_channels = _arg(log, "kv_channels") or h / heads
+    groups = (_arg(log, "num_query_groups") if log.args.get("group_query_attention") == "True" else None) or \
+        _arg(log, "num_key_value_heads") or heads
+    q, kv = kv_channels * heads, kv_channels * groups
+    gated = 3 if log.args.get("swiglu") == "True" else 2
+    per_token = L * (6 * (h * (q + 2 * kv) + q * h) + 6 * gated * h * ffn + 6 * q * s) + 6 * h * vocab
+    return per_token * global_batch_size * s
+
+
 def _median(values) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None

@@ -102,7 +102,7 @@ def _legend(table: Sequence[dict]) -> str:
     return (f"Validation loss at equal tokens (samples x sequence length), in parentheses its gap to the first row "
             f"({reference.get('benchmark') or 'n/a'}, {reference.get('source') or 'n/a'}); interpolated linearly between a run's own "
             "evaluations where it has none at the point, never extrapolated. TFLOP/s as the trainer logged it "
-            "(logged) or from the model's FLOPs per iteration (model), so MFU may count FLOPs differently by stack.")
+            "(logged) or counted from the run's model (model): Megatron-LM's count for both stacks' GPTs.")
 
 
 def text(table: Sequence[dict]) -> str:

@@ -214,23 +214,33 @@ def test_a_cut_tfevents_file_yields_what_it_holds(tmp_path):
 
 
 def test_the_score_counts_flops_as_the_megatron_lm_kind_does():
+    """The fork's TFLOPs count differently; its runs are counted as Megatron-LM counts (num_floating_point_operations
+    on the arguments the log prints, the vocabulary padded): on the Megatron-LM run recorded beside it (gpt_126m on
+    an H200, the same model and corpus) that count is Megatron-LM's own logged TFLOP/s x time on every line."""
+    import re
+
+    from mlrepro.scoring import megatron_log, megatron_score
+
+    mg = ROOT / "docs/measurements/megatron_deepspeed/h200x2_acceptance/mg/mllog.txt"
+    counted = megatron_score.flops_per_iteration(megatron_log.parse_log(mg), 16)
+    logged = [float(ms) / 1e3 * float(tf) * 1e12 for ms, tf in re.findall(
+        r"elapsed time per iteration \(ms\): ([\d.]+) \| throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)", mg.read_text())]
+    assert len(logged) == 41 and all(x == pytest.approx(counted, rel=0.003) for x in logged)
+    flops = kind.model_flops_per_iter(FIX / "training.log", "gpt-126m", 16, 1)
+    assert flops == counted  # the fork's log: the same model, vocabulary 554 padded to 640
     record = dslog.training_record(FIX / "training.log", target_loss=4.0, gpus=2, seq_length=2048, gpu="NVIDIA H200",
-                                   model_flops_per_iter=kind.model_flops_per_iter("gpt-126m", 16),
+                                   model_flops_per_iter=flops,
                                    tfevents=[FIX / "tfevents" / "events.out.tfevents.fixture"])
     assert record.converged and record.counted and record.iteration_to_converge == 100  # 3.4365 at the first
     t = record.throughput
-    # the fork's own TFLOPs (its count) kept beside the model count both kinds use
+    # the fork's own TFLOPs (its count) kept beside
     assert t["tflops_source"] == "model" and 50 < t["logged_tflops_per_gpu"] < 60
-    # The count megatron_score uses for a Megatron-LM log without Megatron's own (the planner's model FLOPs):
-    # the classic 12 B s L h^2 (1 + 1 + s/h + 4) + 6 B s V h plus the biases and norms (under 0.1% here)
-    flops = cost.model_flops_per_step(workloads.gpt("gpt-126m", 16), Layout(mbs=16))
-    assert kind.model_flops_per_iter("gpt-126m", 16) == flops
-    m = models.model("gpt-126m")
-    b, s, h, L, V = 16, m.seq, m.hidden, m.layers, m.vocab
-    assert flops == pytest.approx(12 * b * s * L * h * h * (2 + s / h + m.ffn_hidden / h) + 6 * b * s * V * h, rel=1e-3)
     assert t["tflops_per_gpu"] == pytest.approx(flops / t["iter_time_s"] / 2 / 1e12)
     assert t["tokens_per_s"] == pytest.approx(16 * 2048 / t["iter_time_s"]) and 0 < t["mfu"] < 1
     assert 0.2 < t["iter_time_s"] < 0.23  # the log's steady 212 ms (the first interval, 313 ms, left out)
+    # a log without the model's arguments: the planner's count of the model
+    assert kind.model_flops_per_iter(FIX / "tfevents" / "events.out.tfevents.fixture", "gpt-126m", 16, 1) == \
+        cost.model_flops_per_step(workloads.gpt("gpt-126m", 16), Layout(mbs=16))
 
 
 def test_segment_end_reads_the_forks_save_message():
@@ -264,7 +274,7 @@ def test_a_chained_seeds_log_is_its_jobs_logs_as_one_run(tmp_path):
     assert [i.iteration for i in parsed.log.iterations] == list(range(10, 401, 10))
     assert len(parsed.log.starts) == 1 and integrity.training_log_problems(parsed.log) == []
     record = dslog.training_record(tmp_path / "seed.log", target_loss=4.0, gpus=1, seq_length=2048,
-                                   model_flops_per_iter=kind.model_flops_per_iter("gpt-126m", 16))
+                                   model_flops_per_iter=kind.model_flops_per_iter(tmp_path / "seed.log", "gpt-126m", 16, 1))
     assert record.throughput["iter_time_s"] == pytest.approx(0.409, abs=0.005)
     assert record.iteration_to_converge == 100 and record.converged
     # without segments.json the seed is not chained: its log is the run's own
@@ -278,7 +288,8 @@ def test_steps_a_killed_job_trained_past_its_save_count_once(tmp_path):
     from mlrepro.kinds import megatron as megatron_kind
 
     lines = (FIX / "training.log").read_text().splitlines()
-    start, its = lines[0], {int(x.split("/")[0].split()[-1]): x for x in lines if x.lstrip().startswith("iteration")}
+    start = next(x for x in lines if x.startswith("[before the start of training step]"))
+    its = {int(x.split("/")[0].split()[-1]): x for x in lines if x.lstrip().startswith("iteration")}
     saved = "  successfully saved checkpoint at iteration      20 to /seed/checkpoints"
     first = "\n".join(["header", start, its[10], its[20], saved, its[30], "Killed"]) + "\n"
     second = "\n".join(["header again", start, its[30], its[40]]) + "\n"

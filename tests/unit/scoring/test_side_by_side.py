@@ -34,8 +34,12 @@ def test_rows_of_the_recorded_runs(recorded):
     assert [r["benchmark"] for r in (mg, dsc, ds2)] == ["gpt_126m", "gpt_126m_deepspeed_chain", "gpt_126m_deepspeed"]
     assert [r["source"] for r in (mg, dsc, ds2)] == ["megatron", "megatron-deepspeed", "megatron-deepspeed"]
     assert (mg["gpus"], dsc["gpus"], ds2["gpus"]) == (1, 1, 2)
-    assert mg["tokens_per_s_per_gpu"] > ds2["tokens_per_s_per_gpu"] > dsc["tokens_per_s_per_gpu"]
+    # one GPU of the fork is as fast alone as each of two (DP2 costs it 4%); Megatron-LM is 3.9x either
+    assert mg["tokens_per_s_per_gpu"] > dsc["tokens_per_s_per_gpu"] > ds2["tokens_per_s_per_gpu"]
     assert mg["mfu"] == pytest.approx(0.1952, abs=1e-4) and dsc["peak_mem_gib"] == pytest.approx(40.44, abs=0.01)
+    # one FLOP count for both stacks (Megatron-LM's): TFLOP/s per token/s alike
+    per_token = [r["tflops_per_gpu"] / r["tokens_per_s_per_gpu"] for r in (mg, dsc, ds2)]
+    assert max(per_token) == pytest.approx(min(per_token), rel=0.003)
     # every run evaluated every 100 iterations of 16 sequences: compared where all of them did
     tokens = [s * SEQ for s in (1600, 3200, 4800, 6400)]
     for r in (mg, dsc, ds2):
