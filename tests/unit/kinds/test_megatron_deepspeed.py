@@ -17,7 +17,7 @@ import yaml
 from mlrepro import config as mlrepro_config
 from mlrepro import kinds
 from mlrepro.kinds import megatron_deepspeed as kind
-from mlrepro.plan import cost, models, workloads
+from mlrepro.plan import cost, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_deepspeed as mds
 from mlrepro.pretrain import megatron_plan
