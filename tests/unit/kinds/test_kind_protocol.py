@@ -31,6 +31,7 @@ EXTRAS = {
         "ensure_megatron": "Megatron-LM at the pinned commit in resources/ (baseline.megatron runs it too)",
         "learn": "a finished seed's measured step kept for the next plan of the system (stages.train)",
         "install_given": "a carried Megatron source (.tar.gz or folder) put in place whole (the DeepSpeed kind's too)",
+        "chained_log": "a chained seed's jobs' logs as one run (finish_seed; the DeepSpeed kind's too)",
     },
     "megatron-deepspeed": {
         "source_dir": "where the patched Megatron-DeepSpeed is put (resources/<benchmark>/megatron-deepspeed)",
