@@ -28,6 +28,9 @@ VALID = re.compile(r"validation(?:-\S+)? loss at iteration (\d+).*?lm loss value
 # Its own clock (--exit-duration-in-mins), or the save signal (--exit-signal-handler: the message names
 # SIGTERM whichever signal --exit-signal chose).
 TIME_LIMIT = re.compile(r"exiting program after (?:[\d.]+ minutes|receiving SIG\w+)")
+# The training loop ran to --train-iters (its clock and signal exits leave the process before it): the last
+# iteration is logged only where --log-interval divides it.
+DONE = re.compile(r"\[after training is done\]")
 
 
 class Segment:
@@ -38,6 +41,7 @@ class Segment:
         self.val_loss = None
         self.train_s = 0.0
         self.time_limit = False
+        self.done = False
 
     def feed(self, line: str) -> None:
         if m := ITER.search(line):
@@ -53,6 +57,8 @@ class Segment:
             self.val_loss = float(m[2])
         elif TIME_LIMIT.search(line):
             self.time_limit = True
+        elif DONE.search(line):
+            self.done = True
 
     def record(self, status: str, to_step: int) -> str:
         return "segment: " + json.dumps({"status": status, "from_step": self.from_step, "to_step": to_step,
@@ -60,10 +66,10 @@ class Segment:
 
     def ending(self) -> list[str]:
         """The lines that tell the chain how this job ended; none for a job killed on the way."""
-        if self.last is not None and self.last == self.train_iters:
+        if self.last is not None and (self.last == self.train_iters or (self.done and not self.time_limit)):
             stop = {"namespace": "", "time_ms": int(time.time() * 1000), "event_type": "INTERVAL_END",
-                    "key": "run_stop", "value": None, "metadata": {"status": "success", "step": self.last}}
-            return [self.record("success", self.last), ":::MLLOG " + json.dumps(stop)]
+                    "key": "run_stop", "value": None, "metadata": {"status": "success", "step": self.train_iters}}
+            return [self.record("success", self.train_iters), ":::MLLOG " + json.dumps(stop)]
         if self.time_limit and self.saved is not None:
             return [self.record("resume", self.saved)]
         return []

@@ -181,7 +181,7 @@ def finish_seed(bench: mlrepro_config.Benchmark, plan: job.SeedPlan, run_log: Pa
     chained_log), or record why it is not a result."""
     parsed = megatron_log.parse_log(run_log) if run_log.exists() else None
     last = parsed.iterations[-1] if parsed and parsed.iterations else None
-    if last is None or last.train_iters is None or last.iteration < last.train_iters:
+    if last is None or last.train_iters is None or (last.iteration < last.train_iters and not parsed.training_done):
         where = "no training iteration" if last is None else f"iteration {last.iteration} of {last.train_iters}"
         job.record_failure(plan.seed_dir, f"the run's Megatron log ends at {where}", state="INCOMPLETE_LOG")
         raise job.SeedFailed(f"seed {plan.seed}: the run's Megatron log ends at {where}; see {run_log}")

@@ -70,7 +70,8 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
                 "save_interval": megatron_plan.failures(p, bench, system, overrides).interval_iterations}
     ds_path = seed_dir / "ds_config.json"
     # Checked in every mode: the DAG's plan (prepared=False) is made before any job is submitted.
-    run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, prepared=prepared, **save)
+    run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"), prepared=prepared,
+                                 **save)
     args = mds.seed_args(run, megatron_plan.ds_config(p), zero_stage=p.variant.zero_stage,
                          where=megatron_plan.ds_where(p.variant), ds_config_path=str(ds_path),
                          tensorboard_dir=str(paths.SeedPaths(seed_dir).tensorboard))

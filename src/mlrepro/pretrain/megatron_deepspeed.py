@@ -92,6 +92,8 @@ def pretrain_args(run: megatron_launch.Run, *, zero_stage: int, ds_config_path: 
     args += APEX_FREE
     if run.layout.pp == 1:  # a plain module, not DeepSpeed's one-stage pipeline engine (what ZeRO-2/3 need)
         args.append("--no-pipeline-parallel")
+    if run.sdpa:  # the fork's flash-attention path, on torch's SDPA (patch 0011) where flash-attn is absent
+        args.append("--use-flash-attn-v2")
     if tensorboard_dir:
         args += ["--tensorboard-dir", tensorboard_dir, "--log-timers-to-tensorboard"]
     if data_cache:  # the dataset's index cache, where the corpus folder is read-only

@@ -205,7 +205,7 @@ def launch_line(p: Planned, scheduler: str, corpus_dir: Path, seed: int, attenti
     standing for what the corpus stages have not written yet); `save`, `save_interval`: a chained seed's."""
     v, per_node = p.variant, p.facts.gpus_per_node
     if v.launcher == "megatron-deepspeed":  # the line kinds.megatron_deepspeed runs, its files named relative
-        run = seed_run(p, seed, corpus_dir, scheduler, prepared=False, save=save, save_interval=save_interval)
+        run = seed_run(p, seed, corpus_dir, scheduler, attention, prepared=False, save=save, save_interval=save_interval)
         args = megatron_deepspeed.seed_args(run, ds_config(p), zero_stage=v.zero_stage, where=ds_where(v))
         return megatron_deepspeed.launch_line(args, scheduler, p.layout.gpus, per_node, MEGATRON_IMAGE)
     if v.launcher == "megatron":

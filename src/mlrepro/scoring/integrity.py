@@ -212,6 +212,9 @@ def validation_problems(log) -> list[str]:
     cross-entropy is), a validation of an iteration the log never reaches, validations out of order."""
     why = []
     last_logged = max((it.iteration for it in log.iterations), default=None)
+    if getattr(log, "training_done", False) and last_logged is not None:
+        # the loop ran to --train-iters: its end-of-training validation is at an iteration left unlogged
+        last_logged = max([last_logged, *(it.train_iters for it in log.iterations if it.train_iters)])
     previous = None
     for v in log.validations:
         if not v.loss > 0:

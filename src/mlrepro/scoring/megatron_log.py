@@ -29,6 +29,7 @@ _FIELD = re.compile(r"([A-Za-z][A-Za-z0-9 _/()\-.]*?):\s*([-+0-9.eEnaNifINF]+)\s
 _VALID = re.compile(r"validation(?:-\S+)? loss at iteration (\d+)(?: on validation set)?\s*\|(.*)")
 _MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(MB\)\s*\|(.*)")
 TRAINING_START = re.compile(r"\[before the start of training step\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+TRAINING_DONE = re.compile(r"\[after training is done\]")
 _ARG = re.compile(r"^\s{2}(\w+) \.{3,} (.*?)\s*$")  # the arguments block Megatron prints at start
 _NEMO_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_ ]*?)=([-+0-9.eE]+|nan|inf)(?=[,\]\s])")
 
@@ -73,6 +74,9 @@ class TrainingLog:
     start_after_iteration: int | None = None  # the iteration logged before the (first) start of training, if any
     args: dict[str, str] = dataclasses.field(default_factory=dict)
     problems: list[str] = dataclasses.field(default_factory=list)
+    # "[after training is done]": the loop ran to --train-iters (Megatron's clock and signal exits leave before
+    # it), though the last iteration is logged only where --log-interval divides it
+    training_done: bool = False
 
 
 def _float(text: str) -> float | None:
@@ -131,6 +135,9 @@ def parse_lines(lines) -> TrainingLog:
                 log.start = log.start or stamp
             if log.iterations and log.start_after_iteration is None:
                 log.start_after_iteration = log.iterations[-1].iteration
+            continue
+        if TRAINING_DONE.search(line):
+            log.training_done = True
             continue
         if (m := _ARG.match(line)) and not log.iterations:
             log.args.setdefault(m.group(1), m.group(2))

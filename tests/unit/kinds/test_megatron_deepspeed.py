@@ -100,6 +100,13 @@ def test_a_seed_writes_its_ds_config_and_torchrun_line(tmp_path):
     assert argv[argv.index("--tensorboard-dir") + 1] == str(plan.seed_dir / "tensorboard")
     assert config["train_batch_size"] == int(argv[argv.index("--global-batch-size") + 1])
     assert (Path(plan.env["MEGATRON_DIR"]) / "pretrain_gpt.py").is_file()
+    # attention: sdpa (as the Megatron-LM seeds take it) is the fork's flash path, on torch's SDPA (patch 0011),
+    # in the seed's line and the dry run's alike
+    assert "--use-flash-attn-v2" not in argv
+    sdpa = _settings(ws, "gpt_126m_deepspeed", "device-h200x2", layout="gpt-125m-2xdp", train_iters=40,
+                     megatron=str(src), attention="sdpa")
+    assert "--use-flash-attn-v2" in shlex.split(kind.plan_seed(sdpa, "gpt_126m_deepspeed", 1).env["MEGATRON_LINE"])
+    assert "--use-flash-attn-v2" in kind.dag_plan(sdpa, "gpt_126m_deepspeed", 1).description
 
 
 def test_a_ds_config_that_disagrees_with_the_launch_line_stops_the_dag(tmp_path):
@@ -152,6 +159,8 @@ def test_the_patches_apply_to_the_pinned_source_and_remove_apex(tmp_path):
     assert "query_layer.reshape(output_size[2]" in text[tmp_path / "megatron/model/transformer.py"]
     assert 'os.environ.get("LOCAL_RANK"' in text[tmp_path / "megatron/initialize.py"]
     assert "compile_helper()" not in text[tmp_path / "megatron/initialize.py"]
+    # --use-flash-attn-v2 without the flash-attn package: torch's SDPA (the workflow's attention: sdpa)
+    assert "scaled_dot_product_attention" in text[tmp_path / "megatron/model/transformer.py"]
     assert "helpers." not in text[tmp_path / "megatron/data/gpt_dataset.py"] + text[tmp_path / "megatron/data/blendable_dataset.py"]
 
 
@@ -173,7 +182,7 @@ def test_the_patches_apply_to_the_whole_pinned_tree(tmp_path):
     archive = subprocess.run(["git", "-C", str(MIRROR), "archive", "4efb479d5317ce9b86096b9d8e3e8030b0b5263b"],
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
-    assert len(mds.apply_patches(ROOT, tmp_path)) == len(mds.series(ROOT)) == 10
+    assert len(mds.apply_patches(ROOT, tmp_path)) == len(mds.series(ROOT)) == 11
 
 
 def test_the_log_and_tfevents_parse_as_the_fork_writes_them():

@@ -162,6 +162,25 @@ def test_truncated_megatron_log_fails_the_seed_naming_the_iteration(tmp_path):
     assert not (plan.seed_dir / "mllog.txt").exists()
 
 
+def test_a_run_ended_by_its_loop_is_a_result_though_its_last_iteration_is_unlogged(tmp_path):
+    """--train-iters 305 at --log-interval 10 (the planner's counts seldom divide by 10): the log's last line is
+    300/305, then "[after training is done]" and the final validation at 305, which counts."""
+    from mlrepro.scoring import integrity, megatron_log
+
+    plan = _plan(tmp_path)
+    plan.seed_dir.mkdir(parents=True)
+    text = (FIXTURES / "megatron" / "megatron_sdpa.log").read_text().replace("/     300 |", "/     305 |")
+    text = text.replace("validation loss at iteration 300 on", "validation loss at iteration 305 on")
+    log = tmp_path / "run.log"
+    log.write_text(text)
+    megatron_seed.finish_seed(None, plan, log, plan.seed_dir / "mllog.txt")
+    parsed = megatron_log.parse_log(plan.seed_dir / "mllog.txt")
+    assert parsed.training_done and integrity.validation_problems(parsed) == []
+    log.write_text(text[: text.index("[after training is done]")])
+    with pytest.raises(launch.SeedFailed, match="ends at iteration 300 of 305"):
+        megatron_seed.finish_seed(None, plan, log, tmp_path / "other.txt")
+
+
 @pytest.mark.slow
 def test_gpt_seed_through_the_workflow_from_the_corpus_stages(tmp_path):
     """corpus stages → train_seed (torchrun of the stand-in) → score_seed → score, on a CPU system

@@ -51,3 +51,14 @@ def test_a_killed_job_says_nothing_so_the_chain_resumes_from_the_last_checkpoint
     text = iterations(LOG.read_text(), 150)
     text += "  [2026-11-23 19:31:30.000000] successfully saved checkpoint from iteration     100 to /ckpt [ t 1/1 ]\n"
     assert run(text) == []
+
+
+def test_a_run_whose_last_iteration_is_not_logged_finishes_at_its_train_iters():
+    """--train-iters 305 at --log-interval 10: the last logged line is 300/305, then the loop's end (planned
+    iteration counts such as 4,769 are seldom multiples of the interval). Without the loop's end, a killed job."""
+    text = LOG.read_text().replace("/     300 |", "/     305 |")
+    assert "[after training is done]" in text
+    seg, stop = run(text)
+    assert json.loads(seg.removeprefix("segment: "))["to_step"] == 305 and json.loads(stop.removeprefix(":::MLLOG "))["metadata"]["step"] == 305
+    cut = text[: text.index("[after training is done]")]
+    assert run(cut) == []
