@@ -34,7 +34,7 @@ SCORE_ITERS = 200  # enough iterations to time one (about 25 ms on two cores) fo
 # The chain: a job limit of 100 s less a 30 s margin is the fork's 1-minute clock (--exit-duration-in-mins 1),
 # counted from its start (about 8 s of it go to starting: 52 s of training measured on two idle cores). The seed is
 # sized to CHAIN_SECONDS of training at the first test's median speed: two jobs at that speed, still two or more
-# if the chain runs up to 1.6 times faster, three or more if something beside it slows it by a third or more.
+# if the chain runs up to 1.6 times faster, three or more if something beside it slows it by a fifth or more.
 CHAIN_SECONDS = 85
 TARGET = 4.25
 
