@@ -29,6 +29,9 @@ venv: $(VPY)
 
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q -e '.[test]'
+	@# pyproject's `deepspeed` extra, built without ops against the venv's CPU torch (pyproject.toml says why).
+	DS_BUILD_OPS=0 $(VPY) -m pip install -q --no-build-isolation $$($(VPY) -c "import tomllib; \
+	  print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['deepspeed']))")
 	touch $(STAMP)
 
 # Snakemake's named profiles (`--profile local`, `--profile slurm`) point at profiles/.

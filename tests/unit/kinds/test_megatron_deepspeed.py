@@ -138,8 +138,10 @@ def test_a_ds_config_block_of_the_wrong_type_is_rejected_by_the_schema(tmp_path)
 
 
 def test_the_patches_apply_to_the_pinned_source_and_remove_apex(tmp_path):
-    """On the touched files at the pinned commit (CI has no mirror), then no apex, amp_C, top-level torchvision
-    or transformers import is left and fused_kernels.load is behind --masked-softmax-fusion."""
+    """On the pinned source (what pretrain_gpt.py needs of it: CI has no mirror), then no apex, amp_C, top-level
+    torchvision or transformers import is left in the files the patches touch (megatron/model/fused_layer_norm.py
+    keeps its apex import: 0001 stops megatron/model/__init__.py importing it) and fused_kernels.load is behind
+    --masked-softmax-fusion."""
     with tarfile.open(FIX / "source_4efb479.tar.gz") as tar:
         tar.extractall(tmp_path)
     pin = yaml.safe_load((ROOT / "config/benchmarks/gpt_126m_deepspeed.yaml").read_text())["pretrain"]["megatron"]
@@ -147,8 +149,12 @@ def test_the_patches_apply_to_the_pinned_source_and_remove_apex(tmp_path):
     applied = mds.apply_patches(ROOT, tmp_path)
     assert applied == [p.name for p in sorted((ROOT / mds.PATCHES).glob("*.patch"))]
     assert all(mds.reasons(ROOT).values())
-    text = {p: p.read_text() for p in tmp_path.rglob("*.py")}
+    touched = {tmp_path / line.removeprefix("+++ b/") for patch in mds.series(ROOT)
+               for line in patch.read_text().splitlines() if line.startswith("+++ b/")}
+    assert len(touched) == 13
+    text = {p: p.read_text() for p in touched}
     assert not [p for p, t in text.items() if "from apex" in t or "import amp_C" in t]
+    assert "fused_layer_norm" not in text[tmp_path / "megatron/model/__init__.py"]
     assert "from transformers import" not in text[tmp_path / "megatron/tokenizer/tokenizer.py"].split("class ")[0]
     assert "knn_monitor" not in text[tmp_path / "megatron/training.py"].split("\ndef ")[0]
     # DeepSpeed 0.19 has no deepspeed.compression.compress (a 2xH200 run died importing it): only where asked for
