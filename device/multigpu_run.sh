@@ -381,6 +381,29 @@ for f in sorted(glob.glob('results/gpt_126m*/seed_1/run.json')):
   for l in dsc mg ds2; do say "$l snakemake tail: $(grep -v '^Reason' "$REC/$l.snakemake.txt" 2>/dev/null | tail -4 | cut -c1-300)"; done
 fi
 
+if [ "$PART" = deepspeed_sdpa ]; then
+  # Issue 34, the fork's attention on torch's SDPA (patch 0011, `attention: sdpa` -> --use-flash-attn-v2):
+  # gpt_126m_deepspeed on GPU0, then its 2xdp layout on GPUs 0,1, ITERS iterations at GBS 16 as before.
+  DS=${DS:-$PWD/.gpu/ds}; ITERS=${ITERS:-400}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$DS"/whl/*.whl \
+    > /tmp/pip_ds.txt 2>&1 || { say "DeepSpeed wheels failed"; tail -5 /tmp/pip_ds.txt | tee -a "$SUMMARY"; }
+  lane s1
+  for l in s1 s2; do
+    [ "$l" = s2 ] && { rm -rf /tmp/lanes/s2; cp -r /tmp/lanes/s1 /tmp/lanes/s2; }
+    lay=gpt-125m; [ "$l" = s2 ] && lay=gpt-125m-2xdp
+    printf 'benchmarks: [gpt_126m_deepspeed]\ncorpora: [mini_corpus]\npretrain: {layout: %s, train_iters: %s, gbs: 16, mbs: 8, attention: sdpa, megatron: %s, walltime_minutes: 9}\n' \
+      "$lay" "$ITERS" "$DS/megatron-deepspeed.tar.gz" > "/tmp/lanes/$l/device.yaml"
+    rm -rf "/tmp/lanes/$l/results/gpt_126m_deepspeed" "/tmp/lanes/$l/resources/gpt_126m_deepspeed"
+    gpus=0; [ "$l" = s2 ] && gpus=0,1
+    (export CUDA_VISIBLE_DEVICES=$gpus; smk "$l" 240 results/gpt_126m_deepspeed/score.json --configfile device.yaml --config system=$SYS2)
+    keep "$l" $seed_files "results/gpt_126m*/seed_1/ds_config.json" "results/gpt_126m*/seed_1/tensorboard"
+    say "$l ($lay, SDPA): $(cd /tmp/lanes/$l && python3 -c "
+import json; d = json.load(open('results/gpt_126m_deepspeed/seed_1/run.json')); t = d['throughput']
+print(d['status'], 'target', d.get('target_reached'), 'evals', d['evals'][-2:], 's/it', t.get('iter_time_s'), 'tok/s/gpu', t.get('tokens_per_s_per_gpu'), 'mfu', t.get('mfu'), 'mem', t.get('peak_mem_gib'))" 2>&1 | tail -2)"
+    say "$l snakemake tail: $(grep -v '^Reason' "$REC/$l.snakemake.txt" 2>/dev/null | tail -3 | cut -c1-300)"
+  done
+fi
+
 if [ "$PART" = trial ]; then
   # Issue 35: `mlrepro plan --trial 3` on GPUs 0,1 with the seeds' settings (--configfile: attention sdpa), the
   # planner calibrated on the recorded sweep; each candidate's steady iterations (no evaluation, every one logged).
