@@ -59,7 +59,8 @@ def same_model(settings, score_files: list[Path]) -> list[tuple[str, list[dict]]
     seeds: dict[tuple[str, str], list[dict]] = {}
     for path in score_files:
         score = ScoreRecord.read(path)
-        bench = settings.benchmark(score.benchmark)
+        # results/<benchmark>/score.json: the configured name (score.json's own is MLPerf's, as llama2_70b_lora)
+        bench = settings.benchmark(Path(path).parent.name)
         if not bench.is_pretrain or not bench.pretrain.get("model") or not bench.corpus:
             continue
         run = side_by_side.seed_run(r.to_json() for r in score.runs or [])

@@ -124,3 +124,17 @@ def test_the_final_report_puts_two_stacks_of_one_model_side_by_side(tmp_path):
 def test_one_benchmark_has_no_side_by_side(tmp_path):
     page = final_report(tmp_path, {"gpt_126m": "mg"})
     assert "Same model, same corpus" not in page and "verdicts-table" in page
+
+
+def test_a_benchmark_is_known_by_its_folder_not_its_mlperf_name(tmp_path):
+    """An MLPerf benchmark's score.json names MLPerf's benchmark (llama2_lora's says llama2_70b_lora): the report
+    takes the configured name from the folder (a CI run on the local Slurm cluster failed on it)."""
+    settings = mlrepro_config.load({"benchmarks": ["gpt_126m", "llama2_lora"], "system": "local"}, REPO)
+    results = tmp_path / "results"
+    for benchmark, lane in (("gpt_126m", "mg"), ("llama2_lora", "ds2")):
+        (results / benchmark).mkdir(parents=True)
+        for name in ("verdict.json", "score.json"):
+            shutil.copy(RECORDS / lane / name, results / benchmark / name)
+    score = json.loads((results / "llama2_lora" / "score.json").read_text())
+    (results / "llama2_lora" / "score.json").write_text(json.dumps({**score, "benchmark": "llama2_70b_lora"}))
+    assert stages_report.same_model(settings, [results / b / "score.json" for b in ("gpt_126m", "llama2_lora")]) == []
