@@ -110,19 +110,6 @@ def predicted(model: str, lay: Layout, attention: str, vocab: int | None = None,
     return memory.estimate(w, lay)
 
 
-def padded_vocab(parsed: megatron_log.TrainingLog, tp: int) -> int | None:
-    """The vocabulary Megatron trained (--vocab-size padded to make_vocab_size_divisible_by x TP)."""
-    try:
-        v = int(parsed.args["vocab_size"])
-    except (KeyError, ValueError):
-        return None
-    try:
-        step = int(parsed.args.get("make_vocab_size_divisible_by", 128)) * tp
-    except ValueError:
-        step = 128 * tp
-    return -(-v // step) * step
-
-
 def launch_run(model: str, lay: Layout, m: dict, precision: str) -> megatron_launch.Run:
     """The Megatron run: synthetic data, no validation, every iteration logged. fp8 runs on
     Transformer Engine's layers (the local implementation has no fp8)."""
@@ -167,7 +154,7 @@ def row_from_log(log_path: Path, *, model: str, precision: str, lay: Layout, gpu
     """The baseline.json row of one Megatron run, from its log (megatron_log + megatron_score.throughput)."""
     parsed = megatron_log.parse_log(log_path)
     shape = models.model(model)
-    vocab = padded_vocab(parsed, lay.tp)
+    vocab = megatron_score.padded_vocab(parsed, lay.tp)
     if vocab and vocab != shape.vocab:  # a run with its own tokenizer: count and predict what it trained
         shape = dataclasses.replace(shape, vocab=vocab)
     peak = None
