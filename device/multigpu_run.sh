@@ -23,6 +23,8 @@
 # PART planner: (x4) GPT-126M through the workflow on 1 GPU and at DP2 (GBS 16 and 32), then `mlrepro plan --trial 3`.
 # PART sweep: (x4) issue 35's layout sweep: GEMM/SDPA shapes (device/gemm_shapes_sweep.py), a preflight, the baseline
 #             stage's Megatron-LM runs of 8-10 layouts each of GPT-1.3B GBS16 and GBS64 and GPT-126M GBS16.
+# PART profile: issue 35's traced baseline: GPT-126M and GPT-1.3B at GBS 16 over micro-batch sizes with profile: true
+#             (1 GPU: the 1-GPU system's DP1 rows; 2 or more: DP2, TP2 and PP2 rows on GPUs 0,1), each run's trace kept.
 # PART four:  (x4) GPT-126M at DP4 and the baseline checklist's baseline at TP4 and DP4, on all 4 GPUs.
 # Back in $OUT: PART.tgz (the records: preflight.json, baseline.json and report, score/run json, segments,
 # Megatron's logs) and PART.txt (what ran, with timings). Ends well inside the 10-minute call.
@@ -283,12 +285,15 @@ while time.time() - t < 60:
 fi
 
 bl() {  # lane, benchmark, GBS, layouts (YAML list), seconds: the baseline stage's Megatron-LM runs of each layout (ITERS)
+  # on BL_SYS (default the 2-GPU system), with BL_KEYS added to the megatron block (e.g. ", profile: true")
+  local sys=${BL_SYS:-$SYS2}
   lane "$1"
-  preflight_yaml "$1" "{runs: [], megatron: {benchmark: $2, precisions: [bf16], mbs: 4, gbs: $3, iterations: $ITERS, attention: sdpa, timeout_s: 120, layouts: $4}}"
+  preflight_yaml "$1" "{runs: [], megatron: {benchmark: $2, precisions: [bf16], mbs: 4, gbs: $3, iterations: $ITERS, attention: sdpa, timeout_s: 120, layouts: $4${BL_KEYS:-}}}"
   printf 'benchmarks: [gpt_126m]\npretrain: {megatron: %s}\n' "$C/megatron.tar.gz" > "/tmp/lanes/$1/device.yaml"
-  smk "$1" "$5" "results/baseline/$SYS2/baseline.json" --configfile device.yaml --config system=$SYS2
-  keep "$1" "results/baseline/$SYS2" "results/preflight/$SYS2/preflight.json" logs/baseline
-  say "$1 ($2 GBS $3): $(grep -h '^| megatron' /tmp/lanes/$1/results/baseline/$SYS2/baseline_report.md 2>/dev/null | awk -F'|' '{print $3, "mbs", $7, $9, "s"}' | tr '\n' ';')"
+  smk "$1" "$5" "results/baseline/$sys/baseline.json" --configfile device.yaml --config system=$sys
+  keep "$1" "results/baseline/$sys" "results/preflight/$sys/preflight.json" logs/baseline
+  rm -rf "$REC/$1/results/baseline/$sys"/*.profile  # traces come back as files of their own (PART profile)
+  say "$1 ($2 GBS $3): $(grep -h '^| megatron' /tmp/lanes/$1/results/baseline/$sys/baseline_report.md 2>/dev/null | awk -F'|' '{print $3, "mbs", $7, $9, "s"}' | tr '\n' ';')"
 }
 
 if [ "$PART" = determinism ] && [ "$NGPU" -ge 4 ]; then
@@ -470,6 +475,38 @@ if [ "$PART" = sweep ] && [ "$NGPU" -ge 4 ]; then
   B=$!
   wait $A $B
   say "planner now: $(cd /tmp/lanes/b13_16 && timeout 60 python3 -m mlrepro plan --model gpt-1.3b --system $SYS2 --gbs 16 --top 6 2>&1 | head -12)"
+fi
+
+if [ "$PART" = profile ]; then
+  # Issue 35: where a step's time goes. The baseline stage's Megatron-LM runs with profile: true (two more
+  # iterations traced by PyTorch's profiler per run): GPT-126M and GPT-1.3B at GBS 16 over micro-batch sizes,
+  # on the node's GPUs (one GPU: the 1-GPU system; two: DP2, TP2 and PP2 rows as the sweep's). Rank 0's traces
+  # come back as files of their own ($OUT/<lane>.<run>.json.gz), each with its 15 heaviest kernels in PART.txt.
+  ITERS=${ITERS:-10}; BL_KEYS=", profile: true"
+  if [ "$NGPU" -ge 2 ]; then BL_SYS=$SYS2
+    P126=${P126:-"[{tp: 1, mbs: 1}, {tp: 1, mbs: 8}, {tp: 2, mbs: 1}, {tp: 2, mbs: 4}, {tp: 2, mbs: 8}, {pp: 2, vpp: 2, mbs: 8}]"}
+    P13=${P13:-"[{tp: 1, mbs: 8}, {tp: 2, mbs: 8}]"}
+  else BL_SYS=device-$M
+    P126=${P126:-"[{mbs: 1}, {mbs: 4}, {mbs: 8}]"}
+    P13=${P13:-"[{mbs: 8}]"}
+  fi
+  export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( NGPU > 2 ? 1 : NGPU - 1 )))
+  bl p126 gpt_126m 16 "$P126" 300
+  bl p13 gpt_1p3b 16 "$P13" 200
+  for l in p126 p13; do
+    say "$l: $(python3 -c "
+import json,sys
+for r in json.load(open(sys.argv[1]))['runs']:
+    if r.get('workload') != 'megatron': continue
+    p = (r.get('profile') or {}).get('rank0') or {}
+    print(r['model'], 'tp', r['tp'], 'pp', r['pp'], 'dp', r['dp'], 'mbs', r['mbs'], r.get('iter_time_s'), 'traced', p.get('step_s'), 'busy', p.get('gpu_busy_s'), p.get('kernel_s'), r.get('error', ''))
+" /tmp/lanes/$l/results/baseline/$BL_SYS/baseline.json 2>&1 | tr '\n' ';')"
+    for f in $(find /tmp/lanes/$l/results/baseline -name 'rank-0.json.gz' | sort); do
+      run=$(basename "$(dirname "$(dirname "$f")")" .profile)
+      python3 -m mlrepro.formats.torch_trace --top 15 "$f" >> "$SUMMARY" 2>&1
+      [ "$(stat -c%s "$f")" -lt 15000000 ] && cp "$f" "$OUT/$l.${run#megatron_bf16.}.json.gz"
+    done
+  done
 fi
 
 tar czf "$OUT/$PART.tgz" -C /tmp/rec "$PART"

@@ -23,10 +23,12 @@ import importlib.util
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 
 from mlrepro import config as mlrepro_config
 from mlrepro.gpus import datasheet_peak_tflops
+from mlrepro.formats import torch_trace
 from mlrepro.baseline import flops
 from mlrepro.plan import cost, hardware, memory, models, search, workloads
 from mlrepro.plan.layout import Layout
@@ -41,6 +43,7 @@ log = logging.getLogger("mlrepro.baseline")
 
 GIB = 2**30
 NOT_APPLICABLE = "not applicable"
+PROFILED_STEPS = 2  # iterations traced after the timed ones (baseline: megatron: profile)
 
 
 def model_of(root: Path, benchmark: str) -> str:
@@ -110,17 +113,42 @@ def predicted(model: str, lay: Layout, attention: str, vocab: int | None = None,
     return memory.estimate(w, lay)
 
 
-def launch_run(model: str, lay: Layout, m: dict, precision: str) -> megatron_launch.Run:
+def launch_run(model: str, lay: Layout, m: dict, precision: str, profile_dir: Path | None = None) -> megatron_launch.Run:
     """The Megatron run: synthetic data, no validation, every iteration logged. fp8 runs on
-    Transformer Engine's layers (the local implementation has no fp8)."""
+    Transformer Engine's layers (the local implementation has no fp8). With `profile_dir`, PROFILED_STEPS
+    more iterations after the timed ones, traced by Megatron's PyTorch profiler into
+    profile_dir/torch_profile/rank-<r>.json.gz (Megatron writes beside its --tensorboard-dir)."""
     iters = m["iterations"]
     # fp16: Megatron's dynamic loss scale starts at 2^32 and skips an iteration per halving (with
     # hysteresis), which would leave a 20-iteration run mostly skipped steps; 2^16 is where it settles.
     extra = ("--initial-loss-scale", "65536") if precision == "fp16" else ()
-    return megatron_launch.Run(model, lay, iters, warmup_iters=max(1, iters // 10), log_interval=1,
-                               eval_interval=iters, eval_iters=0, local_impl=precision != "fp8",
+    total, tensorboard = iters, ""
+    if profile_dir is not None:
+        # Megatron records the iterations after --profile-step-start up to --profile-step-end and stops the
+        # profiler at the end of iteration --profile-step-end, which must therefore still be trained.
+        total = iters + PROFILED_STEPS + 1
+        extra += ("--profile", "--use-pytorch-profiler", "--profile-step-start", str(iters + 1),
+                  "--profile-step-end", str(total))
+        tensorboard = str(Path(profile_dir).resolve() / "tensorboard")
+    return megatron_launch.Run(model, lay, total, warmup_iters=max(1, iters // 10), log_interval=1,
+                               eval_interval=total, eval_iters=0, local_impl=precision != "fp8",
                                sdpa=m["attention"] == "sdpa" and precision != "fp8", precision=precision,
-                               extra=extra)
+                               tensorboard_dir=tensorboard, extra=extra)
+
+
+def profile_of(profile_dir: Path) -> dict:
+    """The traced steps of each rank (formats.torch_trace): {"rank0": summary, ...}, or why none."""
+    traces = sorted(Path(profile_dir).glob("torch_profile/rank-*.json*"))
+    if not traces:
+        return {"error": f"Megatron wrote no profiler trace under {profile_dir}"}
+    out = {}
+    for path in traces:
+        rank = path.name.split(".")[0].replace("-", "")
+        try:
+            out[rank] = torch_trace.summarize_file(path)
+        except torch_trace.TraceError as exc:
+            out[rank] = {"error": str(exc)}
+    return out
 
 
 def has_transformer_engine() -> bool:
@@ -150,9 +178,13 @@ def not_applicable_rows(root: Path, system: mlrepro_config.System, b: dict) -> l
 
 
 def row_from_log(log_path: Path, *, model: str, precision: str, lay: Layout, gpu: str | None,
-                 attention: str) -> dict:
-    """The baseline.json row of one Megatron run, from its log (megatron_log + megatron_score.throughput)."""
+                 attention: str, timed: int | None = None) -> dict:
+    """The baseline.json row of one Megatron run, from its log (megatron_log + megatron_score.throughput);
+    with `timed`, the iterations after it (the profiled ones, slower for the profiler) are not timed."""
     parsed = megatron_log.parse_log(log_path)
+    trained = parsed.iterations[-1] if parsed.iterations else None
+    if timed is not None:
+        parsed = dataclasses.replace(parsed, iterations=[i for i in parsed.iterations if i.iteration <= timed])
     shape = models.model(model)
     vocab = megatron_score.padded_vocab(parsed, lay.tp)
     if vocab and vocab != shape.vocab:  # a run with its own tokenizer: count and predict what it trained
@@ -191,8 +223,8 @@ def row_from_log(log_path: Path, *, model: str, precision: str, lay: Layout, gpu
         "skipped_iterations": sum(i.skipped or 0 for i in parsed.iterations),
         "tflops_narayanan": round(flops.narayanan(shape, lay.gbs) / dt / lay.gpus / 1e12, 1),
     }
-    if last.train_iters is not None and last.iteration < last.train_iters:
-        row["error"] = f"training stopped at iteration {last.iteration} of {last.train_iters}"
+    if trained.train_iters is not None and trained.iteration < trained.train_iters:
+        row["error"] = f"training stopped at iteration {trained.iteration} of {trained.train_iters}"
     return row
 
 
@@ -266,7 +298,10 @@ def one_run(settings: mlrepro_config.Settings, m: dict, model: str, lay: Layout,
             megatron_dir: Path, launch_file: Path, megatron_log_path: Path) -> tuple[dict, str | None]:
     """One Megatron-LM run of the layout under its timeout: (its row, why it failed or None)."""
     system = settings.system
-    line = megatron_launch.torchrun_line(launch_run(model, lay, m, precision), nproc=lay.gpus)
+    profile_dir = megatron_log_path.with_suffix(".profile") if m.get("profile") else None
+    if profile_dir is not None:
+        shutil.rmtree(profile_dir, ignore_errors=True)  # a rerun's traces are its own
+    line = megatron_launch.torchrun_line(launch_run(model, lay, m, precision, profile_dir), nproc=lay.gpus)
     atomic_write_text(launch_file, line + "\n")
     megatron_log_path.unlink(missing_ok=True)
     script = settings.benchmark(m["benchmark"]).implementation_dir / "run_and_time.sh"
@@ -283,8 +318,10 @@ def one_run(settings: mlrepro_config.Settings, m: dict, model: str, lay: Layout,
     except RuntimeError as exc:
         failed = str(exc).splitlines()[0][:300]
     row = row_from_log(megatron_log_path, model=model, precision=precision, lay=lay, gpu=gpu_name(pre, system),
-                       attention=m["attention"])
+                       attention=m["attention"], timed=m["iterations"] if profile_dir else None)
     row |= {"benchmark": m["benchmark"], "launch": str(launch_file)}
+    if profile_dir is not None and not failed:
+        row["profile"] = profile_of(profile_dir)
     log.info("megatron %s: %s", precision, json.dumps(row))
     why = "; ".join(x for x in (row.get("error"), failed) if x) or None
     return row, why

@@ -56,6 +56,7 @@ class Observation:
     source: str
     attention: str = "sdpa"
     predicted_s: float | None = None  # what the plan predicted when it ran (a seed's, a trial's)
+    gpu_busy_s: float | None = None  # the GPU's busy time per step in a profiler trace (baseline: profile)
 
     def label(self) -> str:
         lay = self.layout
@@ -66,7 +67,7 @@ class Observation:
         lay = self.layout
         return {"model": self.model, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "vpp": lay.vpp, "mbs": lay.mbs,
                 "gbs": lay.gbs, "measured_s": self.measured_s, "predicted_s": self.predicted_s,
-                "attention": self.attention, "source": self.source}
+                "attention": self.attention, "source": self.source, "gpu_busy_s": self.gpu_busy_s}
 
     @classmethod
     def from_row(cls, row: dict, source: str) -> "Observation | None":
@@ -84,7 +85,19 @@ class Observation:
         lay = Layout(tp=tp, pp=pp, dp=dp, vpp=vpp, mbs=mbs, ga=gbs // (mbs * dp))
         return cls(model=model, layout=lay, measured_s=measured, source=source,
                    attention=str(row.get("attention") or "sdpa"),
-                   predicted_s=float(predicted) if predicted else None)
+                   predicted_s=float(predicted) if predicted else None, gpu_busy_s=busy_of(row))
+
+
+def busy_of(row: dict) -> float | None:
+    """The GPU's busy seconds per step a row measured: rank 0's profiler trace (baseline: megatron: profile),
+    or an observed.json row's own figure; None without one."""
+    profile = row.get("profile")
+    figure = (profile.get("rank0") or {}).get("gpu_busy_s") if isinstance(profile, dict) else row.get("gpu_busy_s")
+    try:
+        busy = float(figure) if figure is not None else None
+    except (TypeError, ValueError):
+        return None
+    return busy if busy is not None and 0 < busy < float("inf") else None
 
 
 def baseline_observations(baseline: dict | None, source: str = "baseline.json") -> list[Observation]:
@@ -110,24 +123,33 @@ def all_observations(root: Path, system: str) -> list[Observation]:
     return baseline_observations(base, str(paths.baseline_json(Path(), system))) + observed(root, system)
 
 
+def step(obs: Observation, facts: hardware.SystemFacts) -> cost.StepTime:
+    """The cost model's step for the observation's layout on these facts."""
+    w = workloads.gpt(obs.model, obs.layout.gbs, flash_attention=obs.attention == "sdpa")
+    return cost.estimate(w, obs.layout, facts.with_gpus(obs.layout.gpus))
+
+
 def predict(obs: Observation, facts: hardware.SystemFacts) -> float:
     """The cost model's step time for the observation's layout on these facts."""
-    w = workloads.gpt(obs.model, obs.layout.gbs, flash_attention=obs.attention == "sdpa")
-    return cost.estimate(w, obs.layout, facts.with_gpus(obs.layout.gpus)).total
+    return step(obs, facts).total
 
 
 def free_constants(rows: list[Observation]) -> list[str]:
-    """The constants these rows can tell apart, most telling first, at most one fewer than the rows."""
+    """The constants these rows can tell apart, most telling first, at most one fewer than the figures
+    (a step time per row, and a traced row's GPU busy time)."""
+    figures = len(rows) + sum(1 for o in rows if o.gpu_busy_s)
     keys = ["compute_scale"]
     if any(o.layout.pp > 1 for o in rows) and any(o.layout.pp == 1 for o in rows):
         keys.append("chunk_overhead_s")
     if len({o.layout.mbs for o in rows}) > 1:
         keys.append("launch_per_layer_s")
-    if any(o.layout.tp > 1 for o in rows) and any(o.layout.tp == 1 for o in rows):
+    # TP rows repeat the element-wise work on every rank; a trace measures the GPU's share directly.
+    if (any(o.layout.tp > 1 for o in rows) and any(o.layout.tp == 1 for o in rows)) \
+            or len({o.model for o in rows if o.gpu_busy_s}) > 1:
         keys.append("elementwise_passes")
-    if len(rows) >= 5:
+    if figures >= 5:
         keys.append("step_overhead_s")
-    return keys[:max(1, len(rows) - 1)]
+    return keys[:max(1, figures - 1)]
 
 
 def _tuning(keys: list[str], x, source: str, basis: str) -> cost.Tuning:
@@ -146,10 +168,17 @@ def fit(rows: list[Observation], facts: hardware.SystemFacts, source: str = "fit
     x0 = [default_scale if k == "compute_scale" else START[k] for k in keys]
     lo, hi = zip(*(BOUNDS[k] for k in keys))
     measured = np.array([o.measured_s for o in rows])
+    traced = [o for o in rows if o.gpu_busy_s]
+    busy = np.array([o.gpu_busy_s for o in traced])
 
     def residuals(x):
+        # A traced row is fitted twice: its step time, and the GPU's share of it, which tells the GPU's terms
+        # (compute scale, element-wise passes) from the host's (launches, the step's fixed cost).
         tuned = facts.with_tuning(_tuning(keys, x, source, basis))
-        return np.log(np.array([predict(o, tuned) for o in rows]) / measured)
+        steps = np.log(np.array([predict(o, tuned) for o in rows]) / measured)
+        if not traced:
+            return steps
+        return np.concatenate([steps, np.log(np.array([step(o, tuned).gpu_busy for o in traced]) / busy)])
 
     x0 = np.clip(x0, lo, hi)
     result = optimize.least_squares(residuals, x0, bounds=(lo, hi), x_scale=np.maximum(np.abs(x0), 1e-3))
@@ -182,11 +211,13 @@ def calibrate(rows: list[Observation], facts: hardware.SystemFacts, source: str)
     loo = leave_one_out(rows, facts)
     table = []
     for o, held_out in zip(rows, loo):
-        before, after = predict(o, facts), predict(o, tuned)
+        before, after = predict(o, facts), step(o, tuned)
         table.append({"row": o.label(), "source": o.source, "measured_s": round(o.measured_s, 4),
                       "before_s": round(before, 4), "before_error_pct": error_pct(before, o.measured_s),
-                      "after_s": round(after, 4), "after_error_pct": error_pct(after, o.measured_s),
-                      "leave_one_out_error_pct": held_out})
+                      "after_s": round(after.total, 4), "after_error_pct": error_pct(after.total, o.measured_s),
+                      "leave_one_out_error_pct": held_out,
+                      "gpu_busy_s": o.gpu_busy_s and round(o.gpu_busy_s, 4),
+                      "gpu_busy_after_s": round(after.gpu_busy, 4) if o.gpu_busy_s else None})
     return {"system": facts.name, "basis": hardware.basis(facts), "tuning": tuning.to_json(),
             "free": free_constants(rows), "rows": table,
             "max_abs_error_pct": {k: max((abs(r[k]) for r in table if r[k] is not None), default=None)
@@ -220,13 +251,17 @@ def observe(root: Path, system: str, obs: Observation, *, refit: bool = True) ->
 
 def table_markdown(record: dict) -> str:
     """The calibration's rows as a Markdown table (docs/measurements/planner/, the benchmark's output)."""
-    lines = ["| layout | measured s | before s | error | after s | error | leave-one-out error |",
-             "|---|---|---|---|---|---|---|"]
+    traced = any(r.get("gpu_busy_s") for r in record["rows"])
+    lines = ["| layout | measured s | before s | error | after s | error | leave-one-out error |"
+             + (" GPU busy s (trace) | after |" if traced else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|" if traced else "")]
     for r in record["rows"]:
         loo = r["leave_one_out_error_pct"]
+        busy = r.get("gpu_busy_s")
         lines.append(f"| {r['row']} | {r['measured_s']:.3f} | {r['before_s']:.3f} | {r['before_error_pct']:+.1f}% | "
                      f"{r['after_s']:.3f} | {r['after_error_pct']:+.1f}% | "
-                     + ("n/a" if loo is None else f"{loo:+.1f}%") + " |")
+                     + ("n/a" if loo is None else f"{loo:+.1f}%") + " |"
+                     + ((f" {busy:.3f} | {r['gpu_busy_after_s']:.3f} |" if busy else " - | - |") if traced else ""))
     t = record["tuning"]
     lines.append("")
     lines.append("constants: " + ", ".join(f"{k} = {t[k]:.4g}" for k in cost.Tuning.DEFAULTS

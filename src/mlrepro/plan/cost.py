@@ -50,6 +50,12 @@ DP_BUCKET_PARAMS = 40_000_000
 # Adam in fp32 (torch AdamW over Megatron's main params): read and write master weights, both moments
 # (24 B), read the fp32 gradient (4 B), write the bf16 weight (2 B): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 30
+# Megatron-LM's loss over the vocabulary, memory-bound: the logits cast to fp32, their maximum, exponent, sum,
+# the division and the gradient's passes (tensor_parallel.vocab_parallel_cross_entropy, no fused kernel): fp32
+# passes over tokens x vocabulary / TP per micro-batch. Measured in PyTorch profiler traces on one H200 at MBS 8
+# (docs/measurements/planner/h200_profile): 12.7 passes for GPT-126M, 13.1 for GPT-1.3B, 9.9 and 10.3 ms a
+# micro-batch, as much as GPT-126M's attention and linear layers' GEMMs take together.
+LOSS_FP32_PASSES = 13.0
 # Device copy rate when preflight measured none: DESIGN.md section 8's H100 (2.98 TB/s), the slower one.
 DEFAULT_COPY_TBPS = 2.98
 # How the host's kernel launches and the GPU's work combine per micro-batch: (gpu^p + launch^p)^(1/p). A
@@ -163,6 +169,8 @@ class StepTime:
     dp_comm: float
     bubble: float  # fraction of the step the pipeline idles
     other: float = 0.0  # per-micro-batch and per-step overheads, the optimizer step
+    gpu_busy: float = 0.0  # seconds a GPU works in the step (a profiler trace's busy time): its micro-batches'
+    # kernels, the exposed DP reduce and the optimizer's kernels, not the bubble or the host's launches
 
     @property
     def total(self) -> float:
@@ -241,6 +249,7 @@ class MicroBatch:
     overhead: float = 0.0  # per micro-batch slot: the pipeline's per-stage cost
     per_step_other: float = 0.0  # optimizer step and fixed cost per step
     launch: float = 0.0  # the host's time to launch a micro-batch's kernels on this stage
+    per_step_gpu: float = 0.0  # the part of per_step_other the GPU works (the optimizer's kernels)
 
     @property
     def gpu(self) -> float:
@@ -265,7 +274,8 @@ class MicroBatch:
         slots = ga + (pp - 1) / vpp
         return StepTime(compute=slots * self.compute, tp_comm=slots * self.tp_comm, cp_comm=slots * self.cp_comm,
                         pp_comm=slots * self.pp_comm, dp_comm=self.dp_comm, bubble=(pp - 1) / vpp / slots,
-                        other=slots * (self.overhead + self.launch_excess) + self.per_step_other)
+                        other=slots * (self.overhead + self.launch_excess) + self.per_step_other,
+                        gpu_busy=ga * self.gpu + self.dp_comm + self.per_step_gpu)
 
 
 def rates(facts) -> tuple[float, float, str]:
@@ -313,6 +323,10 @@ def microbatch(w: Workload, lay: Layout, facts, mfu: float | None = None) -> Mic
     # Memory-bound work (norms, residuals, activations, dropout): replicated over TP unless SP splits it.
     passes = tuning.value("elementwise_passes")
     t_mb += passes * layers * tokens * m.hidden * 2 / (lay.tp if lay.sp else 1) / copy
+    if tuning.fitted:
+        # Measured steps itemize the loss (an MFU on whole steps holds it); spread over the stages as the
+        # output layer's GEMM is.
+        t_mb += LOSS_FP32_PASSES * tokens * m.vocab / (lay.tp * lay.pp) * 4 / copy
     # TP: two all-reduces (or all-gather + reduce-scatter with SP, the same bytes) forward and
     # two backward per layer; full recompute repeats the forward pair.
     collectives = 4 + (2 if lay.recompute == "full" else 0)
@@ -344,13 +358,14 @@ def microbatch(w: Workload, lay: Layout, facts, mfu: float | None = None) -> Mic
         # Reduced while the last micro-batch's backward (2/3 of its compute) runs; its last bucket cannot be.
         last_bucket = dp * bucket / (trainable * 4)
         dp = max(dp - 2 / 3 * t_mb, last_bucket)
-    other = tuning.value("step_overhead_s")
+    optimizer = 0.0
     if tuning.fitted:
         # Measured steps itemize the optimizer (memory-bound; sharded over DP x CP by the distributed optimizer).
         owned = trainable / (group if w.training.distributed_optimizer else 1)
-        other += owned * OPTIMIZER_BYTES_PER_PARAM / copy
+        optimizer = owned * OPTIMIZER_BYTES_PER_PARAM / copy
     return MicroBatch(compute=t_mb, tp_comm=tp_mb, cp_comm=cp_mb, pp_comm=pp_mb, dp_comm=dp, overhead=overhead,
-                      per_step_other=other, launch=launch)
+                      per_step_other=tuning.value("step_overhead_s") + optimizer, launch=launch,
+                      per_step_gpu=optimizer)
 
 
 def estimate(w: Workload, lay: Layout, facts, mfu: float | None = None) -> StepTime:

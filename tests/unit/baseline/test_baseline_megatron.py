@@ -18,6 +18,7 @@ from mlrepro.plan import models
 from mlrepro.plan.layout import Layout
 from mlrepro.pretrain import megatron_launch
 from mlrepro.preflight.run import load_settings
+from traces_factory import cpu_trace
 from workspace import REPO, make_workspace, planned_jobs, run_snakemake
 
 ROOT = REPO
@@ -36,7 +37,7 @@ def _settings(tmp_path, text: str) -> dict:
 def test_defaults_are_the_baseline_checklists_model_in_short_synthetic_runs(tmp_path):
     m = _settings(tmp_path, "baseline: {}\n")["baseline"]["megatron"]
     assert m == {"benchmark": "gpt_1p3b", "precisions": ["bf16", "fp16"], "mbs": 4, "gbs": 16, "iterations": 20,
-                 "tp": 1, "pp": 1, "dp": None, "attention": "sdpa", "timeout_s": 420}
+                 "tp": 1, "pp": 1, "dp": None, "attention": "sdpa", "timeout_s": 420, "profile": False}
     assert megatron.model_of(ROOT, m["benchmark"]) == "gpt-1.3b"
     assert load_settings(ROOT)["baseline"]["megatron"]["precisions"] == ["bf16", "fp16"]
 
@@ -95,6 +96,63 @@ def test_row_from_the_recorded_h100_megatron_log():
     assert row["predicted_mem_gib"] == pytest.approx(predicted, abs=0.01)
     assert row["mem_error_pct"] == pytest.approx(100 * (predicted - row["peak_mem_gib"]) / row["peak_mem_gib"], abs=0.2)
     assert abs(row["mem_error_pct"]) < 25  # the planner's model of Megatron's recipe, on a real run
+
+
+def test_profile_traces_iterations_after_the_timed_ones(tmp_path):
+    m = {**load_settings(ROOT)["baseline"]["megatron"], "iterations": 10}
+    lay = megatron.layout_of(m, 1)
+    plain = shlex.split(megatron_launch.torchrun_line(megatron.launch_run("gpt-1.3b", lay, m, "bf16")))
+    traced = shlex.split(megatron_launch.torchrun_line(megatron.launch_run("gpt-1.3b", lay, m, "bf16",
+                                                                           tmp_path / "run.profile")))
+    assert "--profile" not in plain and plain[plain.index("--train-iters") + 1] == "10"
+    value = {flag: traced[traced.index(flag) + 1] for flag in ("--train-iters", "--profile-step-start",
+                                                                  "--profile-step-end", "--tensorboard-dir")}
+    # Megatron records iterations start..end-1 and stops its profiler after iteration `end`: 11 and 12 are
+    # traced, 13 is trained so that the trace is written, and 1-10 are the timed ones.
+    assert value == {"--train-iters": "13", "--profile-step-start": "11", "--profile-step-end": "13",
+                     "--tensorboard-dir": str((tmp_path / "run.profile" / "tensorboard").resolve())}
+    assert "--use-pytorch-profiler" in traced
+    # The traced iterations are slower (the profiler's own work): the row times the ones before them.
+    timed = megatron.row_from_log(H100_LOG, model="gpt-126m", precision="bf16", lay=Layout(mbs=8, ga=2), gpu=H100,
+                                  attention="sdpa", timed=100)
+    whole = megatron.row_from_log(H100_LOG, model="gpt-126m", precision="bf16", lay=Layout(mbs=8, ga=2), gpu=H100,
+                                  attention="sdpa")
+    assert timed["iterations"] == 100 and whole["iterations"] == 300 and "error" not in timed
+    assert timed["intervals"] < whole["intervals"]
+
+
+def test_a_profiled_run_keeps_its_trace_and_times_only_the_untraced_iterations(tmp_path, monkeypatch):
+    """The baseline's own run path (the launch line, run_and_time.sh, torchrun, the row) with the CPU stand-in for
+    pretrain_gpt.py, which traces as Megatron-LM's training loop does."""
+    # run_and_time.sh starts torchrun: this interpreter's, as an activated environment would have it
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    ws = make_workspace(tmp_path / "ws")
+    settings = config.load({"benchmarks": ["gpt_126m"], "system": "device-h100"}, ws)
+    m = {**load_settings(ROOT)["baseline"]["megatron"], "benchmark": "gpt_126m", "iterations": 6, "mbs": 1,
+         "gbs": 2, "profile": True, "timeout_s": 120}
+    log_path = tmp_path / "megatron_bf16.tp1pp1dp1mbs1.log"
+    row, failed = megatron.one_run(settings, m, "gpt-126m", Layout(mbs=1, ga=2), "bf16", {},
+                                   ROOT / "tests" / "fixtures" / "megatron_standin", tmp_path / "launch.sh", log_path)
+    assert failed is None, log_path.read_text()[-2000:]
+    trace = tmp_path / "megatron_bf16.tp1pp1dp1mbs1.profile" / "torch_profile" / "rank-0.json.gz"
+    assert trace.is_file()
+    # Iterations 1-6 timed; 7 and 8 traced (Megatron's --profile-step-start 7, --profile-step-end 9); 9 trained so
+    # that the profiler stops and writes.
+    assert " iteration        9/       9 |" in log_path.read_text()
+    assert row["iterations"] == 6 and "error" not in row
+    assert row["profile"]["rank0"]["steps"] == [7, 8]
+    assert row["profile"]["rank0"]["step_s"] > 0 and row["profile"]["rank0"]["gpu_busy_s"] == 0  # a CPU run
+
+
+def test_profile_of_reads_each_ranks_trace_and_names_a_bad_one(tmp_path):
+    folder = tmp_path / "megatron_bf16.tp1pp1dp2mbs4.profile"
+    (folder / "torch_profile").mkdir(parents=True)
+    cpu_trace(folder / "torch_profile" / "rank-0.json.gz")
+    (folder / "torch_profile" / "rank-1.json.gz").write_bytes(b"not a trace")
+    profile = megatron.profile_of(folder)
+    assert set(profile) == {"rank0", "rank1"} and profile["rank0"]["step_s"] > 0
+    assert "rank-1.json.gz" in profile["rank1"]["error"]
+    assert "no profiler trace" in megatron.profile_of(tmp_path / "absent")["error"]
 
 
 def test_row_of_a_run_that_stopped_early_says_so(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlrepro import paths
+from mlrepro.formats import torch_trace
 from mlrepro.plan import calibration, cost, hardware, models, search, workloads
 from mlrepro.plan.layout import Layout
 from mlrepro.preflight import gemm
@@ -206,3 +207,75 @@ def test_dp_reduce_overlaps_with_the_backward_on_the_launch_line_and_in_the_pric
     whole = cost.microbatch(dataclasses.replace(w, training=dataclasses.replace(w.training, overlap_grad_reduce=False)),
                             DP2, facts).dp_comm
     assert 0 < exposed < 0.5 * whole
+
+
+# ---------------------------------------------------------------- traced steps (baseline: megatron: profile)
+
+TRACED = ROOT / "docs" / "measurements" / "planner" / "h200_profile"
+TRACE = ROOT / "tests" / "fixtures" / "planner" / "h200_gpt126m_mbs8_trace.json.gz"
+
+
+def traced_facts_and_rows():
+    """The 1-GPU H200's traced baseline rows (GPT-126M MBS 1/2/4/8, GPT-1.3B MBS 4/8) and its measured facts."""
+    baselines = [json.loads((TRACED / f).read_text()) for f in ("gpt126m_baseline.json", "gpt1p3b_baseline.json")]
+    preflight = {**json.loads((TRACED / "preflight.json").read_text()),
+                 "gemm": json.loads((ROOT / "docs/measurements/planner/h200x2_sweep/gemm_sweep.json").read_text())}
+    merged = {"runs": [r for b in baselines for r in b["runs"]]}
+    facts = hardware.with_measured(hardware.load(ROOT, "device-h200", measured=False), preflight, merged)
+    return facts.with_tuning(None), calibration.baseline_observations(merged, "traced")
+
+
+@pytest.mark.parametrize("profile, busy", [
+    ({"rank0": {"gpu_busy_s": 0.106}}, 0.106),
+    ({"rank0": {"error": "not a trace"}}, None),
+    ({"rank0": {"gpu_busy_s": "fast"}}, None),
+    ({"rank0": {"gpu_busy_s": -1}}, None),
+    ({"rank0": {"gpu_busy_s": float("nan")}}, None),
+    ({"error": "Megatron wrote no profiler trace"}, None),
+])
+def test_a_traced_row_carries_the_gpus_busy_time(profile, busy):
+    row = {"model": "gpt-126m", "tp": 1, "pp": 1, "dp": 1, "mbs": 8, "gbs": 16, "iter_time_s": 0.132,
+           "profile": profile}
+    obs = calibration.Observation.from_row(row, "b")
+    assert obs.gpu_busy_s == busy and obs.measured_s == 0.132
+    assert calibration.Observation.from_row(obs.to_json(), "observed").gpu_busy_s == busy
+
+
+def test_the_loss_term_is_what_the_h200_trace_measures():
+    """LOSS_FP32_PASSES against the kernels a real step ran: GPT-126M at MBS 8 on one H200, two micro-batches."""
+    trace = torch_trace.load(TRACE)
+    summary = torch_trace.summarize(trace)
+    micro_batches, tokens, vocab = 2, 8 * 2048, models.model("gpt-126m").vocab
+    kernels = torch_trace.top_kernels(trace, 10_000)
+    # The loss's kernels: element-wise, a few launches a micro-batch, each over tokens x vocabulary (> 0.3 ms).
+    loss = [k for k in kernels if k["kind"] == "other" and k["launches"] <= 3 * micro_batches
+            and k["s"] / k["launches"] > 3e-4]
+    copy = json.loads((TRACED / "preflight.json").read_text())["hosts"][0]["gpus"][0]["copy_tbps"] * 1e12
+    passes = sum(k["s"] for k in loss) / micro_batches * copy / (tokens * vocab * 4)
+    assert cost.LOSS_FP32_PASSES == pytest.approx(passes, rel=0.15)
+    # GPT-126M's element-wise work outweighs its GEMMs and attention together: what an MFU-only model misses.
+    kinds = summary["kernel_s"]
+    assert kinds["other"] > kinds["gemm"] + kinds["attention"]
+    assert summary["gpu_busy_s"] == pytest.approx(sum(kinds.values()), rel=0.03)  # one stream: little overlap
+
+
+def test_traces_tell_the_gpus_terms_from_the_hosts():
+    facts, rows = traced_facts_and_rows()
+    assert len(rows) == 6 and all(o.gpu_busy_s for o in rows)
+    stripped = [dataclasses.replace(o, gpu_busy_s=None) for o in rows]
+    # Step times of one GPU alone cannot tell the element-wise passes from the GEMMs' rate (that took TP rows);
+    # the busy times can.
+    assert calibration.free_constants(stripped) == ["compute_scale", "launch_per_layer_s", "step_overhead_s"]
+    assert calibration.free_constants(rows) == ["compute_scale", "launch_per_layer_s", "elementwise_passes",
+                                                "step_overhead_s"]
+    with_traces = facts.with_tuning(calibration.fit(rows, facts))
+    without = facts.with_tuning(calibration.fit(stripped, facts))
+    for o in rows:
+        assert calibration.step(o, with_traces).gpu_busy == pytest.approx(o.gpu_busy_s, rel=0.06), o.label()
+    assert max(abs(calibration.step(o, without).gpu_busy / o.gpu_busy_s - 1) for o in rows) > 0.10
+    # ... and the step times stay fitted (the busy times are a constraint more, not a trade against them).
+    assert max(abs(calibration.error_pct(calibration.predict(o, with_traces), o.measured_s)) for o in rows) < 15
+    # GPT-126M at MBS 1: the GPU works about a quarter of the step; the host's launches are the rest.
+    mbs1 = next(o for o in rows if o.model == "gpt-126m" and o.layout.mbs == 1)
+    assert mbs1.gpu_busy_s < 0.3 * mbs1.measured_s
+    assert calibration.step(mbs1, with_traces).gpu_busy < 0.3 * calibration.predict(mbs1, with_traces)
