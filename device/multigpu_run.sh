@@ -25,6 +25,7 @@
 #             stage's Megatron-LM runs of 8-10 layouts each of GPT-1.3B GBS16 and GBS64 and GPT-126M GBS16.
 # PART profile: issue 35's traced baseline: GPT-126M and GPT-1.3B at GBS 16 over micro-batch sizes with profile: true
 #             (1 GPU: the 1-GPU system's DP1 rows; 2 or more: DP2, TP2 and PP2 rows on GPUs 0,1), each run's trace kept.
+# PART halftp: (1 GPU) GPT-126M with one TP2 rank's shapes at TP1, MBS 4 and 8, traced, beside the whole model.
 # PART four:  (x4) GPT-126M at DP4 and the baseline checklist's baseline at TP4 and DP4, on all 4 GPUs.
 # Back in $OUT: PART.tgz (the records: preflight.json, baseline.json and report, score/run json, segments,
 # Megatron's logs) and PART.txt (what ran, with timings). Ends well inside the 10-minute call.
@@ -480,8 +481,9 @@ fi
 if [ "$PART" = profile ]; then
   # Issue 35: where a step's time goes. The baseline stage's Megatron-LM runs with profile: true (two more
   # iterations traced by PyTorch's profiler per run): GPT-126M and GPT-1.3B at GBS 16 over micro-batch sizes,
-  # on the node's GPUs (one GPU: the 1-GPU system; two: DP2, TP2 and PP2 rows as the sweep's). Rank 0's traces
-  # come back as files of their own ($OUT/<lane>.<run>.json.gz), each with its 15 heaviest kernels in PART.txt.
+  # on the node's GPUs (one GPU: the 1-GPU system; two: DP2, TP2 and PP2 rows as the sweep's). Traces
+  # come back as files of their own ($OUT/<lane>.<run>.rank-<r>.json.gz, the runs TRACES names), and each rank's
+  # summary with its 15 heaviest kernels is in PART.txt.
   ITERS=${ITERS:-10}; BL_KEYS=", profile: true"
   if [ "$NGPU" -ge 2 ]; then BL_SYS=$SYS2
     P126=${P126:-"[{tp: 1, mbs: 1}, {tp: 1, mbs: 8}, {tp: 2, mbs: 1}, {tp: 2, mbs: 4}, {tp: 2, mbs: 8}, {pp: 2, vpp: 2, mbs: 8}]"}
@@ -501,12 +503,38 @@ for r in json.load(open(sys.argv[1]))['runs']:
     p = (r.get('profile') or {}).get('rank0') or {}
     print(r['model'], 'tp', r['tp'], 'pp', r['pp'], 'dp', r['dp'], 'mbs', r['mbs'], r.get('iter_time_s'), 'traced', p.get('step_s'), 'busy', p.get('gpu_busy_s'), p.get('kernel_s'), r.get('error', ''))
 " /tmp/lanes/$l/results/baseline/$BL_SYS/baseline.json 2>&1 | tr '\n' ';')"
-    for f in $(find /tmp/lanes/$l/results/baseline -name 'rank-0.json.gz' | sort); do
-      run=$(basename "$(dirname "$(dirname "$f")")" .profile)
+    for f in $(find /tmp/lanes/$l/results/baseline -name 'rank-*.json.gz' | sort); do
+      run=$(basename "$(dirname "$(dirname "$f")")" .profile); run=${run#megatron_bf16.}; r=$(basename "$f" .json.gz)
       python3 -m mlrepro.formats.torch_trace --top 15 "$f" >> "$SUMMARY" 2>&1
-      [ "$(stat -c%s "$f")" -lt 15000000 ] && cp "$f" "$OUT/$l.${run#megatron_bf16.}.json.gz"
+      # Every rank's trace of the runs TRACES names comes back as a file of its own (at most 6: the device
+      # returns 8 files, this part's .txt and .tgz among them).
+      if [[ "$run" =~ ^(${TRACES:-tp2pp1dp1mbs8|tp2pp1dp1mbs4|tp1pp1dp2mbs8|tp1pp1dp1mbs8|tp1pp1dp1mbs1})$ ]] \
+          && [ "$(ls "$OUT"/*.json.gz 2>/dev/null | wc -l)" -lt 6 ] && [ "$(stat -c%s "$f")" -lt 15000000 ]; then
+        cp "$f" "$OUT/$l.$run.$r.json.gz"
+      fi
     done
   done
+fi
+
+if [ "$PART" = halftp ]; then
+  # Issue 35 on one GPU: a TP2 rank's computation without its peer. GPT-126M at TP1 with one TP2 rank's shapes
+  # (6 heads of 64, FFN 1536, vocabulary 25152: the QKV, projection, FC1/FC2, attention and logits of a rank of 2)
+  # at MBS 4 and 8, traced; beside it the whole model at MBS 8 through the baseline stage. What a TP2 rank's GPU
+  # does apart from its all-reduces and its waits on the peer.
+  ITERS=10; BL_SYS=device-$M; BL_KEYS=", profile: true"; export CUDA_VISIBLE_DEVICES=0
+  bl p126 gpt_126m 16 "[{mbs: 8}]" 150
+  L=/tmp/lanes/p126; B=$L/results/baseline/$BL_SYS
+  MD=$(dirname "$(find "$L/resources" -name pretrain_gpt.py | head -1)")
+  for mbs in 4 8; do
+    sed -e "s/--num-attention-heads 12 /--num-attention-heads 6 --kv-channels 64 /" -e "s/--ffn-hidden-size 3072 /--ffn-hidden-size 1536 /" \
+        -e "s/--vocab-size 50304 /--vocab-size 25152 /" -e "s/--micro-batch-size 8 /--micro-batch-size $mbs /" \
+        -e "s#megatron_bf16.tp1pp1dp1mbs8.profile#half_mbs$mbs.profile#" "$B/megatron_bf16.tp1pp1dp1mbs8.launch.sh" > "$REC/half_mbs$mbs.launch.sh"
+    (cd "$MD" && MEGATRON_DIR=$MD MEGATRON_LAUNCH_FILE=$REC/half_mbs$mbs.launch.sh timeout 150 bash "$L/implementations/megatron_gpt/run_and_time.sh") > "$REC/half_mbs$mbs.log" 2>&1
+    say "half MBS$mbs: $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$REC/half_mbs$mbs.log" | awk '{print $NF}' | tr '\n' ' ')"
+    f=$B/half_mbs$mbs.profile/torch_profile/rank-0.json.gz
+    python3 -m mlrepro.formats.torch_trace --top 12 "$f" >> "$SUMMARY" 2>&1; cp "$f" "$OUT/half_mbs$mbs.json.gz"
+  done
+  cp "$B/megatron_bf16.tp1pp1dp1mbs8.profile/torch_profile/rank-0.json.gz" "$OUT/whole_mbs8.json.gz"
 fi
 
 tar czf "$OUT/$PART.tgz" -C /tmp/rec "$PART"

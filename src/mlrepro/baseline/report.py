@@ -17,7 +17,14 @@ COLUMNS = {
     "tflops_per_gpu": "Achieved TFLOPs (per GPU)", "mfu_pct": "MFU (%)", "peak_mem_gib": "Peak Memory (GiB/GPU)",
     "predicted_mem_gib": "Predicted Memory (GiB)", "mem_error_pct": "Memory Error (%)",
     "predicted_iter_time_s": "Predicted Iteration Time (s)", "iter_time_error_pct": "Iteration Time Error (%)",
+    "gpu_busy_pct": "GPU Busy (% of a traced step)",
 }
+
+
+def busy_pct(profile) -> float | None:
+    """Rank 0's GPU busy share of its traced steps (baseline: megatron: profile), in %."""
+    share = ((profile if isinstance(profile, dict) else {}).get("rank0") or {}).get("gpu_busy_share")
+    return round(100 * share, 1) if isinstance(share, (int, float)) else None
 
 
 def layout_name(r) -> str:
@@ -33,6 +40,8 @@ def table(doc: dict):
     df["mfu_pct"] = (100 * df["mfu"].astype(float)).round(1)
     if {"tp", "pp", "dp"} <= set(df):
         df["layout"] = [layout_name(r) for r in df.itertuples()]
+    if "profile" in df:
+        df["gpu_busy_pct"] = [busy_pct(p) for p in df["profile"]]
     peak = df["peak_tflops"].iloc[0] if "peak_tflops" in df else None
     cols = [c for c in COLUMNS if c in df]
     return df[cols].rename(columns={**COLUMNS, "mfu_pct": f"MFU (% of {peak:g} TFLOP/s)" if peak else "MFU (%)"})

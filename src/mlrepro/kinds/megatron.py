@@ -62,16 +62,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     # A benchmark with `segments:` checkpoints with Megatron-LM's own --save/--load into the seed's
     # checkpoints/; under a job limit it runs as a chain of jobs, each stopped by Megatron's own clock
     # (run_and_time.sh turns JOB_SECONDS into --exit-duration-in-mins).
-    limits = chain.limits(bench.segments, system.max_job_minutes)
-    # The restart and checkpoint costs this benchmark's seeds measured so far replace the configured ones.
-    measured = measured_goodput.benchmark_goodput(paths.benchmark_dir(root, benchmark), per_node)
-    save, interval = {}, None
-    if limits is not None:
-        # The interval set (config.yaml's, else the benchmark's) or chosen from the system's failures (Young/Daly).
-        f = megatron_plan.failures(p, bench, system, overrides, measured)
-        save = {"save": str(files.checkpoints), "save_interval": f.interval_iterations}
-        interval = {"steps": f.interval_iterations, "seconds": round(f.interval_iterations * p.step_s, 3),
-                    "chosen_by": f.chosen_by}
+    limits, measured, save, interval = checkpointing(settings, benchmark, p, files)
     env = {"SEED": str(seed), "NEXP": "1", "DGXNNODES": str(nodes), "DGXNGPU": str(min(lay.gpus, per_node)),
            "MEGATRON_DIR": str(_megatron_dir(root, benchmark))}
     walltime = megatron_plan.job_minutes(p, overrides)
@@ -105,6 +96,25 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
         description=description, gpus=lay.gpus, hang=bench.hang, inject_failures=bench.inject_failures,
         save_signal_s=limits.save_signal_seconds if limits else 0, checkpoint_interval=interval)
     return job.with_sbatch(plan, system)
+
+
+def checkpointing(settings: mlrepro_config.Settings, benchmark: str, p: megatron_plan.Planned,
+                  files: paths.SeedPaths) -> tuple[chain.Limits | None, dict | None, dict, dict | None]:
+    """How a seed of a Megatron-family benchmark checkpoints: (its job limit, the goodput its benchmark's seeds
+    measured so far, the launch line's --save/--save-interval, the plan's checkpoint interval). Nothing for a
+    benchmark without `segments:`; the interval is the one set (config.yaml's, else the benchmark's) or chosen
+    from the system's failures (Young/Daly) with the restart and checkpoint costs measured replacing the
+    configured ones."""
+    bench, system = settings.benchmark(benchmark), settings.system
+    limits = chain.limits(bench.segments, system.max_job_minutes)
+    measured = measured_goodput.benchmark_goodput(paths.benchmark_dir(settings.root, benchmark), system.gpus_per_node)
+    if limits is None:
+        return None, measured, {}, None
+    f = megatron_plan.failures(p, bench, system, settings.pretrain_overrides, measured)
+    save = {"save": str(files.checkpoints), "save_interval": f.interval_iterations}
+    interval = {"steps": f.interval_iterations, "seconds": round(f.interval_iterations * p.step_s, 3),
+                "chosen_by": f.chosen_by}
+    return limits, measured, save, interval
 
 
 def dag_plan(settings: mlrepro_config.Settings, benchmark: str, seed: int) -> job.SeedPlan:

@@ -63,11 +63,7 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
     files = paths.SeedPaths.of(root, benchmark, seed)
     seed_dir, lay, per_node = files.folder, p.layout, system.gpus_per_node
     nodes, slurm = max(1, lay.gpus // per_node), system.scheduler == "slurm"
-    limits = chain.limits(bench.segments, system.max_job_minutes)
-    save = {}
-    if limits is not None:
-        save = {"save": str(files.checkpoints),
-                "save_interval": megatron_plan.failures(p, bench, system, overrides).interval_iterations}
+    limits, measured, save, interval = megatron_kind.checkpointing(settings, benchmark, p, files)
     ds_path = seed_dir / "ds_config.json"
     # Checked in every mode: the DAG's plan (prepared=False) is made before any job is submitted.
     run = megatron_plan.seed_run(p, seed, corpus_dir, system.scheduler, overrides.get("attention"), prepared=prepared,
@@ -92,13 +88,15 @@ def plan_seed(settings: mlrepro_config.Settings, benchmark: str, seed: int, *,
             env["MEGATRON_LAUNCH_FILE"] = str(files.megatron_launch)
             env["MEGATRON_LINE"] = mds.torchrun_line(args, lay.gpus)
     else:
-        description = megatron_plan.dry_run(root, bench, system.name, overrides, corpus_dir, seed, planned=p).describe
+        description = megatron_plan.dry_run(root, bench, system.name, overrides, corpus_dir, seed, planned=p,
+                                            measured=measured).describe
     plan = job.SeedPlan(
         benchmark=benchmark, seed=seed, scheduler=system.scheduler, implementation_dir=bench.implementation_dir,
         config_file=bench.source, dgxsystem=p.variant.name, nodes=nodes, gpus_per_node=min(lay.gpus, per_node),
         walltime_minutes=walltime, seed_dir=seed_dir, env=env, job_name=job.job_name(benchmark, seed, seed_dir),
         description=description, gpus=lay.gpus, hang=bench.hang, inject_failures=bench.inject_failures,
-        save_signal_s=0)  # no SIGUSR1: the fork saves on SIGTERM only; its clock ends each job
+        save_signal_s=0,  # no SIGUSR1: the fork saves on SIGTERM only; its clock ends each job
+        checkpoint_interval=interval)
     return job.with_sbatch(plan, system)
 
 

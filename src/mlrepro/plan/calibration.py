@@ -13,10 +13,13 @@ measurement gives is fitted on whole training steps of the same system (`cost.Tu
   backward), which the GPU's work hides only when it is longer: what makes a micro-batch of 1 cost
   nearly what one of 4 costs on a small model.
 
-A constant is fitted only where the rows can tell it apart (PP rows for the pipeline's, TP rows for
-the memory-bound one, five rows or more for the fixed one; never more constants than rows less one);
-the rest keep their defaults, and the plan names them. The fit minimises the squared log error of
-the predicted step times (scipy's bounded least squares).
+A constant is fitted only where the rows can tell it apart (PP rows for the pipeline's, TP rows or
+traced rows of two models for the memory-bound one, five figures or more for the fixed one; never more
+constants than figures less one); the rest keep their defaults, and the plan names them. The fit
+minimises the squared log error of the predicted step times and, for a row traced by the baseline's
+profile (`baseline: megatron: profile: true`), of the GPU's busy time in its trace: that tells the
+GPU's constants (compute scale, element-wise passes) from the host's (launches, the fixed cost), which
+step times alone leave to trade against each other (scipy's bounded least squares).
 
 The rows: the baseline stage's Megatron-LM runs (results/baseline/<system>/baseline.json, workload
 "megatron") and every finished seed or trial of the system (results/plan/<system>/observed.json,

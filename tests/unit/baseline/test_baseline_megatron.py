@@ -205,6 +205,21 @@ def test_report_shows_megatron_rows_next_to_the_probe(tmp_path):
     assert "megatron" in (tmp_path / "r.html").read_text() and (tmp_path / "r.png").stat().st_size > 0
 
 
+def test_report_shows_the_gpus_busy_share_of_traced_rows(tmp_path):
+    """The recorded traced rows of one H200 (docs/measurements/planner/h200_profile): GPT-126M's GPU busy a quarter
+    of a traced step at MBS 1 and most of it at MBS 8."""
+    doc = json.loads((ROOT / "docs/measurements/planner/h200_profile/gpt126m_baseline.json").read_text())
+    report.write(doc, tmp_path / "r.md", tmp_path / "r.html", tmp_path / "r.png")
+    md = (tmp_path / "r.md").read_text()
+    header = next(line for line in md.splitlines() if "GPU Busy (% of a traced step)" in line)
+    column = [c.strip() for c in header.split("|")].index("GPU Busy (% of a traced step)")
+    busy = {int(cells[[c.strip() for c in header.split("|")].index("MBS")]): float(cells[column])
+            for line in md.splitlines() if line.startswith("| megatron")
+            for cells in [[c.strip() for c in line.split("|")]]}
+    shares = {r["mbs"]: 100 * r["profile"]["rank0"]["gpu_busy_share"] for r in doc["runs"]}
+    assert busy == pytest.approx(shares, abs=0.05) and busy[1] < 30 < 60 < busy[8]
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     return make_workspace(tmp_path_factory.mktemp("baseline") / "ws")

@@ -15,7 +15,7 @@ import yaml
 from injected import injected_attempts
 from mlrepro import config as mlrepro_config
 from mlrepro import paths, status
-from mlrepro.kinds import megatron, mlperf
+from mlrepro.kinds import megatron, megatron_deepspeed, mlperf
 from mlrepro.launch import job
 from mlrepro.plan import goodput as plan_goodput
 from mlrepro.pretrain import megatron_plan
@@ -124,25 +124,27 @@ def test_the_miniature_as_shipped_keeps_its_own_interval_where_young_daly_spans_
     assert "failures:" not in plain.describe() and plain.checkpoint_interval is None
 
 
-def test_a_megatron_benchmark_that_saves_prices_its_seeds_measured_costs(tmp_path):
+@pytest.mark.parametrize("benchmark, kind", [("gpt_13b", megatron), ("gpt_13b_deepspeed", megatron_deepspeed)])
+def test_a_megatron_benchmark_that_saves_prices_its_seeds_measured_costs(tmp_path, benchmark, kind):
+    """Both Megatron kinds (Megatron-LM's and the Megatron-DeepSpeed fork's) price a chained seed the same way."""
     ws = _workspace(tmp_path)
-    path = ws / "config/benchmarks/gpt_13b.yaml"
+    path = ws / f"config/benchmarks/{benchmark}.yaml"
     path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()),
                                     "segments": {"job_seconds": None, "margin_seconds": 60}}))
-    settings = _settings(ws, "dgxh100-64x8", "gpt_13b")
-    seed = settings.benchmark("gpt_13b").seeds[0]
-    fresh = megatron.dag_plan(settings, "gpt_13b", seed)
+    settings = _settings(ws, "dgxh100-64x8", benchmark)
+    seed = settings.benchmark(benchmark).seeds[0]
+    fresh = kind.dag_plan(settings, benchmark, seed)
     assert "restart 600 s (configured), a save " in fresh.describe() and "(measured)" not in fresh.describe()
 
-    injected_attempts(paths.seed_dir(ws, "gpt_13b", seed))
-    measured = megatron.dag_plan(settings, "gpt_13b", seed)
+    injected_attempts(paths.seed_dir(ws, benchmark, seed))
+    measured = kind.dag_plan(settings, benchmark, seed)
     line = next(x for x in measured.describe().split(" | ") if x.startswith("failures:"))
     print(line)
     assert "restart 10.6 s (measured), a save 0.069 s (measured)" in line
     # a save of 0.069 s instead of 2 nodes writing 13B parameters' state at 2 GB/s each: saved far more often
-    bench, system = settings.benchmark("gpt_13b"), settings.system
+    bench, system = settings.benchmark(benchmark), settings.system
     p = megatron_plan.chosen(ws, bench, system.name)
-    f = megatron_plan.failures(p, bench, system, measured=goodput.benchmark_goodput(paths.benchmark_dir(ws, "gpt_13b")))
+    f = megatron_plan.failures(p, bench, system, measured=goodput.benchmark_goodput(paths.benchmark_dir(ws, benchmark)))
     assert measured.checkpoint_interval == {"steps": f.interval_iterations, "chosen_by": "Young/Daly",
                                             "seconds": round(f.interval_iterations * p.step_s, 3)}
     assert f.interval_iterations < fresh.checkpoint_interval["steps"] / 5

@@ -32,6 +32,7 @@ EXTRAS = {
         "learn": "a finished seed's measured step kept for the next plan of the system (stages.train)",
         "install_given": "a carried Megatron source (.tar.gz or folder) put in place whole (the DeepSpeed kind's too)",
         "chained_log": "a chained seed's jobs' logs as one run (finish_seed; the DeepSpeed kind's too)",
+        "checkpointing": "a chained seed's job limit, --save interval and measured costs (the DeepSpeed kind's too)",
     },
     "megatron-deepspeed": {
         "source_dir": "where the patched Megatron-DeepSpeed is put (resources/<benchmark>/megatron-deepspeed)",
