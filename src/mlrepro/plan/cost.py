@@ -56,6 +56,12 @@ OPTIMIZER_BYTES_PER_PARAM = 30
 # (docs/measurements/planner/h200_profile): 12.7 passes for GPT-126M, 13.1 for GPT-1.3B, 9.9 and 10.3 ms a
 # micro-batch, as much as GPT-126M's attention and linear layers' GEMMs take together.
 LOSS_FP32_PASSES = 13.0
+# The share of a layer's element-wise work that every TP rank repeats without sequence parallelism: the
+# passes over the hidden-size activations (norms, residual adds, dropout); the rest (GeLU and biases over the
+# FFN's and attention's sharded outputs) is split over the ranks. Measured on one H200: GPT-126M at TP1 with one
+# TP2 rank's shapes runs 71% of the whole model's element-wise kernel time outside the loss (27.3 ms against
+# 38.3 ms a step at MBS 8; docs/measurements/planner/h200_profile/halftp): f + (1 - f) / 2 = 0.71.
+TP_REPLICATED_ELEMENTWISE = 0.43
 # Device copy rate when preflight measured none: DESIGN.md section 8's H100 (2.98 TB/s), the slower one.
 DEFAULT_COPY_TBPS = 2.98
 # How the host's kernel launches and the GPU's work combine per micro-batch: (gpu^p + launch^p)^(1/p). A
@@ -322,7 +328,8 @@ def microbatch(w: Workload, lay: Layout, facts, mfu: float | None = None) -> Mic
     copy = ((facts.curves.copy_tbps if facts.curves else None) or DEFAULT_COPY_TBPS) * 1e12
     # Memory-bound work (norms, residuals, activations, dropout): replicated over TP unless SP splits it.
     passes = tuning.value("elementwise_passes")
-    t_mb += passes * layers * tokens * m.hidden * 2 / (lay.tp if lay.sp else 1) / copy
+    replicated = 0.0 if lay.sp else TP_REPLICATED_ELEMENTWISE
+    t_mb += passes * layers * tokens * m.hidden * 2 * (replicated + (1 - replicated) / lay.tp) / copy
     if tuning.fitted:
         # Measured steps itemize the loss (an MFU on whole steps holds it); spread over the stages as the
         # output layer's GEMM is.

@@ -279,3 +279,30 @@ def test_traces_tell_the_gpus_terms_from_the_hosts():
     mbs1 = next(o for o in rows if o.model == "gpt-126m" and o.layout.mbs == 1)
     assert mbs1.gpu_busy_s < 0.3 * mbs1.measured_s
     assert calibration.step(mbs1, with_traces).gpu_busy < 0.3 * calibration.predict(mbs1, with_traces)
+
+
+def test_the_tp_replicated_share_of_element_wise_work_is_what_one_tp2_ranks_shapes_measured():
+    """GPT-126M at TP1 with one TP2 rank's shapes against the whole model, both at MBS 8 on one H200
+    (h200_profile/halftp): the element-wise kernel time outside the loss that a TP2 rank keeps."""
+    summaries = [json.loads(line.split(": ", 1)[1]) for line in (TRACED / "halftp" / "top_kernels.txt").read_text().splitlines()
+                 if ".json.gz: {" in line]
+    half, whole = summaries[1]["kernel_s"]["other"], summaries[2]["kernel_s"]["other"]  # half_mbs8, whole_mbs8
+    copy = json.loads((TRACED / "preflight.json").read_text())["hosts"][0]["gpus"][0]["copy_tbps"] * 1e12
+    tokens, micro_batches = 8 * 2048, 2
+
+    def loss(vocab):
+        return cost.LOSS_FP32_PASSES * tokens * vocab * 4 / copy * micro_batches
+    kept = (half - loss(25_216)) / (whole - loss(50_304))
+    assert cost.TP_REPLICATED_ELEMENTWISE == pytest.approx(2 * kept - 1, abs=0.03)
+    # The model: at TP2 without sequence parallelism a rank keeps that share and half the rest; with it, half.
+    facts = hardware.load(ROOT, SYSTEM, measured=False).with_tuning(
+        cost.Tuning(compute_scale=1.0, elementwise_passes=100.0, source="test", basis="mfu"))
+    w = workloads.gpt("gpt-126m", 16)
+
+    def element_wise(lay):
+        with_passes = cost.microbatch(w, lay, facts).compute
+        without = cost.microbatch(w, lay, facts.with_tuning(dataclasses.replace(facts.tuning, elementwise_passes=0.0))).compute
+        return with_passes - without
+    tp1, tp2 = element_wise(Layout(mbs=8)), element_wise(Layout(tp=2, mbs=8))
+    assert tp2 == pytest.approx(tp1 * (cost.TP_REPLICATED_ELEMENTWISE + (1 - cost.TP_REPLICATED_ELEMENTWISE) / 2))
+    assert element_wise(Layout(tp=2, mbs=8, sp=True)) == pytest.approx(tp1 / 2)
