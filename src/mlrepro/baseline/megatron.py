@@ -129,7 +129,7 @@ def launch_run(model: str, lay: Layout, m: dict, precision: str, profile_dir: Pa
         total = iters + PROFILED_STEPS + 1
         extra += ("--profile", "--use-pytorch-profiler", "--profile-step-start", str(iters + 1),
                   "--profile-step-end", str(total))
-        tensorboard = str(Path(profile_dir).resolve() / "tensorboard")
+        tensorboard = str(Path(profile_dir).resolve() / "events")
     return megatron_launch.Run(model, lay, total, warmup_iters=max(1, iters // 10), log_interval=1,
                                eval_interval=total, eval_iters=0, local_impl=precision != "fp8",
                                sdpa=m["attention"] == "sdpa" and precision != "fp8", precision=precision,

@@ -110,7 +110,7 @@ def test_profile_traces_iterations_after_the_timed_ones(tmp_path):
     # Megatron records iterations start..end-1 and stops its profiler after iteration `end`: 11 and 12 are
     # traced, 13 is trained so that the trace is written, and 1-10 are the timed ones.
     assert value == {"--train-iters": "13", "--profile-step-start": "11", "--profile-step-end": "13",
-                     "--tensorboard-dir": str((tmp_path / "run.profile" / "tensorboard").resolve())}
+                     "--tensorboard-dir": str((tmp_path / "run.profile" / "events").resolve())}
     assert "--use-pytorch-profiler" in traced
     # The traced iterations are slower (the profiler's own work): the row times the ones before them.
     timed = megatron.row_from_log(H100_LOG, model="gpt-126m", precision="bf16", lay=Layout(mbs=8, ga=2), gpu=H100,
