@@ -171,17 +171,18 @@ def fit(rows: list[Observation], facts: hardware.SystemFacts, source: str = "fit
     x0 = [default_scale if k == "compute_scale" else START[k] for k in keys]
     lo, hi = zip(*(BOUNDS[k] for k in keys))
     measured = np.array([o.measured_s for o in rows])
-    traced = [o for o in rows if o.gpu_busy_s]
-    busy = np.array([o.gpu_busy_s for o in traced])
+    traced = [i for i, o in enumerate(rows) if o.gpu_busy_s]
+    busy = np.array([rows[i].gpu_busy_s for i in traced])
 
     def residuals(x):
         # A traced row is fitted twice: its step time, and the GPU's share of it, which tells the GPU's terms
         # (compute scale, element-wise passes) from the host's (launches, the step's fixed cost).
         tuned = facts.with_tuning(_tuning(keys, x, source, basis))
-        steps = np.log(np.array([predict(o, tuned) for o in rows]) / measured)
+        steps = [step(o, tuned) for o in rows]
+        totals = np.log(np.array([s.total for s in steps]) / measured)
         if not traced:
-            return steps
-        return np.concatenate([steps, np.log(np.array([step(o, tuned).gpu_busy for o in traced]) / busy)])
+            return totals
+        return np.concatenate([totals, np.log(np.array([steps[i].gpu_busy for i in traced]) / busy)])
 
     x0 = np.clip(x0, lo, hi)
     result = optimize.least_squares(residuals, x0, bounds=(lo, hi), x_scale=np.maximum(np.abs(x0), 1e-3))

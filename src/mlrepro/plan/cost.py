@@ -326,7 +326,8 @@ def microbatch(w: Workload, lay: Layout, facts, mfu: float | None = None) -> Mic
     layers = m.layers / lay.pp
     tokens = lay.mbs * m.seq / lay.cp
     copy = ((facts.curves.copy_tbps if facts.curves else None) or DEFAULT_COPY_TBPS) * 1e12
-    # Memory-bound work (norms, residuals, activations, dropout): replicated over TP unless SP splits it.
+    # Memory-bound work (norms, residuals, activations, dropout): without SP each TP rank repeats the share
+    # over the hidden-size activations and splits the rest; SP splits it all.
     passes = tuning.value("elementwise_passes")
     replicated = 0.0 if lay.sp else TP_REPLICATED_ELEMENTWISE
     t_mb += passes * layers * tokens * m.hidden * 2 * (replicated + (1 - replicated) / lay.tp) / copy
